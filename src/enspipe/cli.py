@@ -1,0 +1,132 @@
+"""``enspipe`` command line: make-dataset, convert, index, run.
+
+Arguments are validated before any MPI or TensorFlow work: a bad one exits 2 with a message
+that names the option and the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from enspipe.config import CONSUMERS, SCHEMES, TRANSPORTS, WIRE_DTYPES, ConfigError, RunConfig
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _lrs(s: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in s.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from enspipe.networks import NETWORKS
+
+    p = argparse.ArgumentParser(prog="enspipe", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    mk = sub.add_parser("make-dataset", help="write the embedded synthetic JPEG TFRecord dataset")
+    mk.add_argument("--out", required=True, help="output directory")
+    mk.add_argument("--num-images", type=_positive_int, required=True, help="number of images M (>= 1)")
+    mk.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    mk.add_argument("--num-classes", type=_positive_int, default=100, help="number of classes (default 100)")
+    mk.add_argument("--images-per-shard", type=_positive_int, default=256, help="records per shard (default 256)")
+
+    cv = sub.add_parser("convert", help="convert JPEG class folders into Slim TFRecord shards")
+    cv.add_argument("--jpeg-dir", required=True, help="folder with one subfolder of JPEGs per class")
+    cv.add_argument("--out", required=True, help="output directory")
+    cv.add_argument("--images-per-shard", type=_positive_int, default=1024)
+
+    ix = sub.add_parser("index", help="scan a TFRecord/JPEG dataset and write its manifest.json")
+    ix.add_argument("--data", required=True)
+
+    r = sub.add_parser("run", help="run one cell: one ensemble member per MPI rank (use mpiexec -n N)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("--data", required=True, help="dataset directory (TFRecord shards or JPEG class folders)")
+    r.add_argument("--out", required=True, help="output directory for event logs and summary.json")
+    r.add_argument("--network", default="alexnet_v2", choices=list(NETWORKS), help="network to train")
+    r.add_argument("--consumer", default="peak", choices=CONSUMERS,
+                   help="train: real SGD; emulated: accelerator stand-in at --rate; peak: dequeue only")
+    r.add_argument("--batch-size", type=_positive_int, default=None, help="global batch (default: the network's)")
+    r.add_argument("--steps", type=_positive_int, default=100, help="measured steps per member")
+    r.add_argument("--warmup", type=_positive_int, default=10, help="unmeasured steps first (0 is valid)")
+    r.add_argument("--cores", type=_positive_int, default=None, help="CPU cores per member (default: all)")
+    r.add_argument("--image-size", type=_positive_int, default=224, help="preprocessed image side in px")
+    r.add_argument("--scheme", default="baseline", choices=SCHEMES, help="sharing scheme")
+    r.add_argument("--preprocessors", type=_positive_int, default=None,
+                   help="P for single_broadcast / multi_broadcast (implied for the others)")
+    r.add_argument("--rate", type=float, default=None, help="emulated accelerator rate rc in images/s")
+    r.add_argument("--seed", type=int, default=0, help="base seed for order, augmentation and initialisation")
+    r.add_argument("--lr", type=_lrs, default=(0.01,), help="learning rates, member m uses the (m mod k)-th")
+    r.add_argument("--shuffle-buffer", type=_positive_int, default=1024, help="records; 0 = canonical order")
+    r.add_argument("--queue-depth", type=_positive_int, default=4, help="capacity of each stage queue, in batches")
+    r.add_argument("--skip-corrupt", action="store_true", help="skip and count corrupt records instead of failing")
+    r.add_argument("--fast-mode", action="store_true", help="Slim inception fast_mode (off in the paper)")
+    r.add_argument("--wire-dtype", default="float32", choices=WIRE_DTYPES,
+                   help="uint8 quantises after preprocessing: 4x less traffic, lossy by 1/255 of the range")
+    r.add_argument("--transport", default="mpi4py", choices=TRANSPORTS, help="collective library")
+    r.add_argument("--sample-interval", type=float, default=0.1, help="seconds between queue-occupancy samples")
+    return p
+
+
+def config_from_args(a: argparse.Namespace) -> RunConfig:
+    return RunConfig(data=a.data, out=a.out, network=a.network, consumer=a.consumer, batch_size=a.batch_size,
+                     steps=a.steps, warmup=a.warmup, cores=a.cores, image_size=a.image_size, scheme=a.scheme,
+                     preprocessors=a.preprocessors, rate=a.rate, seed=a.seed, lrs=a.lr,
+                     shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, skip_corrupt=a.skip_corrupt,
+                     fast_mode=a.fast_mode, wire_dtype=a.wire_dtype, transport=a.transport,
+                     sample_interval=a.sample_interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.command == "make-dataset":
+        if a.num_images < 1:
+            parser.error("--num-images: must be >= 1; pass the number of images to generate")
+        from enspipe.synthetic import make_dataset
+
+        m = make_dataset(a.out, a.num_images, a.seed, max(1, a.num_classes), max(1, a.images_per_shard))
+        print(f"enspipe: wrote {m.num_images} images in {len(m.files)} shards to {a.out} (digest {m.digest})")
+        return 0
+    if a.command == "convert":
+        from enspipe.data import DataError, write_jpeg_folders_as_shards
+
+        try:
+            m = write_jpeg_folders_as_shards(a.jpeg_dir, a.out, max(1, a.images_per_shard))
+        except DataError as e:
+            parser.error(str(e))
+        print(f"enspipe: converted {m.num_images} images into {len(m.files)} shards in {a.out}")
+        return 0
+    if a.command == "index":
+        import os
+
+        from enspipe.data import MANIFEST, DataError, manifest_dict, scan, write_json_atomic
+
+        try:
+            m = scan(a.data)
+        except DataError as e:
+            parser.error(str(e))
+        write_json_atomic(os.path.join(a.data, MANIFEST), manifest_dict(m))
+        print(f"enspipe: {m.num_images} images, {m.num_classes} classes, digest {m.digest}")
+        return 0
+    try:
+        cfg = config_from_args(a)
+    except ConfigError as e:
+        parser.error(str(e))
+    from enspipe.runner import run
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The per-cell run configuration: one frozen, validated dataclass.
+
+Every field is checked on construction, so a bad value fails before any MPI or TensorFlow work
+starts, with a :class:`ConfigError` that names the field (as its command-line option) and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+CONSUMERS = ("train", "emulated", "peak")
+SCHEMES = ("baseline", "all_shared", "single_broadcast", "multi_broadcast")
+WIRE_DTYPES = ("float32", "uint8")
+TRANSPORTS = ("mpi4py", "horovod")
+PREPROCESSINGS = ("inception", "vgg")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. ``field`` is the option's name, ``fix`` says what to do."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"--{field.replace('_', '-')}: {problem}; {fix}")
+
+
+def _require(ok: bool, field_name: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(field_name, problem, fix)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one cell (one MPI job) needs.
+
+    Attributes:
+      data: a dataset directory: TF-Slim ImageNet TFRecord shards (with or without the
+        ``manifest.json`` that ``enspipe make-dataset`` writes) or JPEG folders, one per class.
+      out: output directory; ``summary.json`` appears there last and atomically.
+      network: one of :data:`enspipe.networks.NETWORKS`.
+      consumer: ``train`` (real SGD steps), ``emulated`` (an accelerator stand-in that waits
+        batch/rate seconds without using CPU) or ``peak`` (dequeue as fast as possible).
+      batch_size: global batch size per member; ``None`` means the network's paper default.
+      steps: measured steps per member. warmup: unmeasured steps before them (0 is valid).
+      cores: CPU cores per member, enforced by affinity and thread pools; ``None`` = all
+        cores this process may use.
+      image_size: side of the square preprocessed image (224 in the paper).
+      scheme: how members share preprocessing (``baseline`` shares nothing).
+      preprocessors: P, the number of preprocessing members for the broadcast schemes.
+      rate: the emulated accelerator's rate rc in images/s (``emulated`` only).
+      seed: base seed; data order, preprocessing and initialisation derive from it.
+      lrs: learning rates, member m uses ``lrs[m % len(lrs)]`` (ensemble members differ in
+        learning rate and initialisation seed, as in the paper).
+      shuffle_buffer: records in the seeded shuffle buffer (0 = canonical order).
+      queue_depth: capacity, in batches, of each bounded stage queue.
+      skip_corrupt: skip undecodable or corrupt records and count them, instead of failing.
+      fast_mode: TF-Slim's inception ``fast_mode`` (off in the paper).
+      wire_dtype: element type of preprocessed images on the wire; ``uint8`` is lossy (1/255).
+      transport: collective library for the exchange.
+      sample_interval: seconds between queue-occupancy samples.
+    """
+
+    data: str
+    out: str
+    network: str = "alexnet_v2"
+    consumer: str = "peak"
+    batch_size: int | None = None
+    steps: int = 100
+    warmup: int = 10
+    cores: int | None = None
+    image_size: int = 224
+    scheme: str = "baseline"
+    preprocessors: int | None = None
+    rate: float | None = None
+    seed: int = 0
+    lrs: tuple[float, ...] = (0.01,)
+    shuffle_buffer: int = 1024
+    queue_depth: int = 4
+    skip_corrupt: bool = False
+    fast_mode: bool = False
+    wire_dtype: str = "float32"
+    transport: str = "mpi4py"
+    sample_interval: float = 0.1
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        from enspipe.networks import NETWORKS
+
+        _require(bool(self.data), "data", "no dataset given", "pass --data DIR (see `enspipe make-dataset`)")
+        _require(bool(self.out), "out", "no output directory given", "pass --out DIR")
+        _require(self.network in NETWORKS, "network", f"unknown network {self.network!r}",
+                 f"choose one of {', '.join(NETWORKS)}")
+        _require(self.consumer in CONSUMERS, "consumer", f"unknown consumer {self.consumer!r}",
+                 f"choose one of {', '.join(CONSUMERS)}")
+        _require(self.scheme in SCHEMES, "scheme", f"unknown scheme {self.scheme!r}",
+                 f"choose one of {', '.join(SCHEMES)}")
+        _require(self.batch_size is None or self.batch_size >= 1, "batch_size",
+                 f"must be >= 1, got {self.batch_size}", "pass a positive batch size")
+        _require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}", "measure at least one step")
+        _require(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}", "use 0 for no warm-up")
+        _require(self.cores is None or self.cores >= 1, "cores", f"must be >= 1, got {self.cores}",
+                 "pass the number of cores per member, or leave it out for all cores")
+        _require(32 <= self.image_size <= 1024, "image_size", f"must be in [32, 1024], got {self.image_size}",
+                 "224 is the paper's size; tests may use 32..128")
+        _require(self.preprocessors is None or self.preprocessors >= 1, "preprocessors",
+                 f"must be >= 1, got {self.preprocessors}", "pass P >= 1")
+        if self.consumer == "emulated":
+            _require(self.rate is not None and self.rate > 0, "rate",
+                     "the emulated consumer needs the accelerator rate rc > 0 in images/s",
+                     "pass --rate R (e.g. the paper's K20X rate for the network)")
+        else:
+            _require(self.rate is None or self.rate > 0, "rate", f"must be > 0, got {self.rate}",
+                     "pass a positive rate or leave it out")
+        _require(len(self.lrs) >= 1 and all(lr > 0 for lr in self.lrs), "lr",
+                 f"learning rates must be positive, got {list(self.lrs)}", "pass e.g. --lr 0.01,0.02")
+        _require(self.shuffle_buffer >= 0, "shuffle_buffer", f"must be >= 0, got {self.shuffle_buffer}",
+                 "use 0 for canonical order")
+        _require(self.queue_depth >= 1, "queue_depth", f"must be >= 1, got {self.queue_depth}",
+                 "use a small positive number of batches, e.g. 4")
+        _require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
+                 f"choose one of {', '.join(WIRE_DTYPES)}")
+        _require(self.transport in TRANSPORTS, "transport", f"unknown transport {self.transport!r}",
+                 f"choose one of {', '.join(TRANSPORTS)}")
+        _require(self.sample_interval > 0, "sample_interval", f"must be > 0, got {self.sample_interval}",
+                 "pass seconds, e.g. 0.1")
+        _require(os.path.exists(self.data), "data", f"{self.data!r} does not exist",
+                 "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")
+
+    @property
+    def global_batch(self) -> int:
+        from enspipe.networks import NETWORKS
+
+        return self.batch_size if self.batch_size is not None else NETWORKS[self.network].batch_size
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + self.steps
+
+    def lr_for(self, member: int) -> float:
+        return self.lrs[member % len(self.lrs)]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["lrs"] = list(self.lrs)
+        d["batch_size"] = self.global_batch
+        return d

@@ -1,0 +1,252 @@
+"""Datasets: TF-Slim ImageNet TFRecord shards or JPEG class folders, their manifest, and the
+deterministic sample stream every pipeline reads.
+
+Every sample has a stable key (``<shard>:<index>`` for TFRecords, ``<class>/<file>`` for JPEG
+folders) and a 63-bit id (TensorFlow's FarmHash fingerprint of the key). A set of samples has an
+order-independent digest, the sum of its ids modulo 2**64, so exactly-once delivery can be checked
+against ``manifest.json`` from outside.
+
+The stream is infinite: epoch ``e`` is the dataset in an order drawn from ``(order_seed, e)``;
+its elements are ``position`` (index in the whole stream), ``epoch``, ``id``, ``key`` and the
+serialized record. Global batch ``k`` is positions ``[k*B, (k+1)*B)``; a preprocessor keeps only
+its share of each batch before anything is parsed or decoded.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+MANIFEST = "manifest.json"
+_ID_BUCKETS = 2**63 - 1
+_MASK64 = (1 << 64) - 1
+_JPEG_EXTENSIONS = (".jpg", ".jpeg", ".JPG", ".JPEG")
+
+SLIM_FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/format": tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+}
+
+
+class DataError(RuntimeError):
+    """A dataset problem (missing, corrupt record, undecodable image); the message names the place."""
+
+
+def sample_ids(keys) -> np.ndarray:
+    """The 63-bit ids of sample keys (a list of str/bytes or a string tensor)."""
+    return tf.strings.to_hash_bucket_fast(tf.convert_to_tensor(keys, tf.string), _ID_BUCKETS).numpy()
+
+
+def digest_of(ids) -> str:
+    """Order-independent digest of a collection of ids: their sum modulo 2**64, in hex."""
+    total = int(np.asarray(ids, dtype=np.uint64).sum(dtype=np.uint64)) if len(ids) else 0
+    return f"{total & _MASK64:016x}"
+
+
+def add_digests(a: str, b: str) -> str:
+    return f"{(int(a, 16) + int(b, 16)) & _MASK64:016x}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a dataset directory holds. ``kind`` is ``tfrecord`` or ``jpeg_folders``."""
+
+    root: str
+    kind: str
+    num_images: int
+    num_classes: int
+    digest: str
+    files: tuple[str, ...]          # shard paths (tfrecord) or image paths (jpeg_folders), relative
+    labels: tuple[int, ...] = ()    # per image, jpeg_folders only
+    synthetic: bool = False
+    info: dict | None = None
+
+    def paths(self) -> list[str]:
+        return [os.path.join(self.root, f) for f in self.files]
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Write JSON so that ``path`` either does not exist or is complete."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _tfrecord_shards(root: str) -> list[str]:
+    shards = sorted(p for p in glob.glob(os.path.join(root, "*"))
+                    if os.path.isfile(p) and not p.endswith((".json", ".tmp")) and ".tmp." not in p
+                    and not p.endswith(_JPEG_EXTENSIONS))
+    return shards
+
+
+def _jpeg_folders(root: str) -> tuple[list[str], list[int], list[str]]:
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    files, labels = [], []
+    for label, cls in enumerate(classes):
+        for name in sorted(os.listdir(os.path.join(root, cls))):
+            if name.endswith(_JPEG_EXTENSIONS):
+                files.append(f"{cls}/{name}")
+                labels.append(label)
+    return files, labels, classes
+
+
+def _shard_key_prefix(path: str) -> str:
+    return os.path.basename(path)
+
+
+def scan(root: str) -> Manifest:
+    """Build a manifest by reading the directory (every TFRecord is read once to count and key it)."""
+    if not os.path.isdir(root):
+        raise DataError(f"{root}: not a directory; create a dataset with `enspipe make-dataset`")
+    files, labels, classes = _jpeg_folders(root)
+    if files:
+        return Manifest(root, "jpeg_folders", len(files), len(classes), digest_of(sample_ids(files)),
+                        tuple(files), tuple(labels))
+    shards = _tfrecord_shards(root)
+    if not shards:
+        raise DataError(f"{root}: no TFRecord shards and no JPEG class folders found")
+    total, digest, max_label = 0, digest_of([]), -1
+    for shard in shards:
+        keys, records = [], 0
+        try:
+            for i, rec in enumerate(tf.data.TFRecordDataset(shard)):
+                keys.append(f"{_shard_key_prefix(shard)}:{i}")
+                ex = tf.io.parse_single_example(rec, SLIM_FEATURES)
+                max_label = max(max_label, int(ex["image/class/label"]))
+                records += 1
+        except tf.errors.DataLossError as e:
+            raise DataError(f"{shard}: corrupt TFRecord at record {records}: {e.message}") from None
+        total += records
+        digest = add_digests(digest, digest_of(sample_ids(keys)))
+    return Manifest(root, "tfrecord", total, max_label + 1, digest,
+                    tuple(os.path.relpath(s, root) for s in shards))
+
+
+def load_manifest(root: str) -> Manifest:
+    """Read ``root/manifest.json``, or scan the directory when there is none."""
+    path = os.path.join(root, MANIFEST)
+    if not os.path.exists(path):
+        return scan(root)
+    try:
+        with open(path) as f:
+            m = json.load(f)
+        return Manifest(root=root, kind=m["kind"], num_images=int(m["num_images"]),
+                        num_classes=int(m["num_classes"]), digest=m["digest"],
+                        files=tuple(s["path"] for s in m["shards"]) if m["kind"] == "tfrecord"
+                        else tuple(m["files"]),
+                        labels=tuple(m.get("labels", ())), synthetic=bool(m.get("synthetic", False)),
+                        info=m.get("info"))
+    except (KeyError, ValueError, TypeError) as e:
+        raise DataError(f"{path}: malformed manifest ({e!r}); delete it to rescan, or regenerate the dataset") from None
+
+
+def manifest_dict(m: Manifest, shard_counts: list[int] | None = None) -> dict:
+    d = {"kind": m.kind, "num_images": m.num_images, "num_classes": m.num_classes, "digest": m.digest,
+         "synthetic": m.synthetic, "digest_algorithm": "sum mod 2^64 of FarmHash64(key) mod (2^63-1)"}
+    if m.kind == "tfrecord":
+        counts = shard_counts or [None] * len(m.files)
+        d["shards"] = [{"path": f, "num_records": c} for f, c in zip(m.files, counts)]
+    else:
+        d["files"], d["labels"] = list(m.files), list(m.labels)
+    if m.info:
+        d["info"] = m.info
+    return d
+
+
+def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool) -> tf.data.Dataset:
+    """One epoch of ``(key, serialized_or_path, label)`` in the order drawn from ``epoch_seed``."""
+    if m.kind == "jpeg_folders":
+        ds = tf.data.Dataset.from_tensor_slices((list(m.files), m.paths(), np.asarray(m.labels, np.int64)))
+        return ds.shuffle(m.num_images, seed=epoch_seed) if shuffle_buffer else ds
+
+    def shard_records(path):
+        records = tf.data.TFRecordDataset(path)
+        if skip_corrupt:
+            records = records.ignore_errors()
+        prefix = tf.strings.split(path, "/")[-1]
+        return records.enumerate().map(
+            lambda i, rec: (tf.strings.join([prefix, ":", tf.strings.as_string(i)]), rec, tf.constant(-1, tf.int64)))
+
+    files = tf.data.Dataset.from_tensor_slices(m.paths())
+    if shuffle_buffer:
+        files = files.shuffle(len(m.files), seed=epoch_seed)
+    ds = files.interleave(shard_records, cycle_length=min(4, len(m.files)), block_length=1)
+    return ds.shuffle(shuffle_buffer, seed=epoch_seed + 1) if shuffle_buffer else ds
+
+
+def sample_stream(m: Manifest, order_seed: int, shuffle_buffer: int = 1024,
+                  skip_corrupt: bool = False) -> tf.data.Dataset:
+    """The infinite stream of ``dict(position, epoch, key, payload, label)``.
+
+    ``payload`` is a serialized Slim ``tf.train.Example`` (TFRecords) or a file path (JPEG
+    folders); ``label`` is -1 until :func:`load_samples` parses the payload.
+    """
+    def epoch(e):
+        seed = tf.cast(order_seed, tf.int64) * 1_000_003 + e * 7_919
+        return _epoch_records(m, seed, shuffle_buffer, skip_corrupt).map(
+            lambda key, payload, label: {"epoch": e, "key": key, "payload": payload, "label": label})
+
+    ds = tf.data.Dataset.range(2**62).flat_map(epoch).enumerate()
+    return ds.map(lambda pos, el: dict(el, position=pos))
+
+
+def slice_of_batch(stream: tf.data.Dataset, batch: int, lo: int, hi: int) -> tf.data.Dataset:
+    """Keep stream positions whose offset in their global batch is in ``[lo, hi)``, batched per
+    global batch: one element per global batch, each with ``hi - lo`` samples."""
+    if (lo, hi) != (0, batch):
+        stream = stream.filter(lambda el: tf.logical_and(el["position"] % batch >= lo, el["position"] % batch < hi))
+    return stream.batch(hi - lo)
+
+
+def load_samples(kind: str, batch: dict) -> dict:
+    """Turn a batch of stream elements into ``encoded`` JPEG bytes and labels (parse or read files)."""
+    if kind == "jpeg_folders":
+        encoded = tf.map_fn(tf.io.read_file, batch["payload"], fn_output_signature=tf.string)
+        label = batch["label"]
+    else:
+        ex = tf.io.parse_example(batch["payload"], SLIM_FEATURES)
+        encoded, label = ex["image/encoded"], ex["image/class/label"]
+    out = {k: v for k, v in batch.items() if k != "payload"}
+    out.update(encoded=encoded, label=label, id=tf.strings.to_hash_bucket_fast(batch["key"], _ID_BUCKETS))
+    return out
+
+
+def locate_corrupt_record(m: Manifest) -> str:
+    """Find the first unreadable TFRecord and say where it is (used after a DataLossError)."""
+    for path in m.paths():
+        n = 0
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                n += 1
+        except tf.errors.DataLossError as e:
+            return f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]})"
+    return "a TFRecord shard became unreadable during the run"
+
+
+def write_jpeg_folders_as_shards(src: str, out: str, images_per_shard: int = 1024) -> Manifest:
+    """Convert a folder of JPEG class folders into Slim-format TFRecord shards plus a manifest."""
+    m = scan(src)
+    if m.kind != "jpeg_folders":
+        raise DataError(f"{src}: not a folder of JPEG class folders")
+    from enspipe.synthetic import write_shards  # shared shard writer
+
+    classes = sorted({f.split("/")[0] for f in m.files})
+
+    def samples():
+        for rel, label in zip(m.files, m.labels):
+            with open(os.path.join(src, rel), "rb") as f:
+                data = f.read()
+            shape = tf.io.extract_jpeg_shape(data).numpy()
+            yield data, label, int(shape[0]), int(shape[1]), rel, classes[label]
+
+    return write_shards(out, samples(), m.num_images, len(classes), images_per_shard,
+                        info={"source": os.path.abspath(src)}, synthetic=False)

@@ -1,0 +1,44 @@
+"""One structured JSON-lines event log per rank (in the spirit of MLPerf logging).
+
+The first record is the run's configuration; every record has ``event``, ``t`` (Unix time,
+seconds) and ``rank``. Lines are flushed as written, so a crashed run leaves a readable log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+
+class EventLog:
+    def __init__(self, out_dir: str, rank: int):
+        self.rank = rank
+        self.path = os.path.join(out_dir, f"events.rank{rank:04d}.jsonl")
+        self._f = open(self.path, "w", buffering=1)
+        self._lock = threading.Lock()
+
+    def log(self, event: str, **fields) -> dict:
+        rec = {"event": event, "t": time.time(), "rank": self.rank, **fields}
+        line = json.dumps(rec, default=_jsonable)
+        with self._lock:
+            if not self._f.closed:
+                self._f.write(line + "\n")
+        return rec
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+def _jsonable(x):
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def read_events(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,229 @@
+"""The stages of one member's pipeline, each a thread joined by bounded queues:
+
+    read ──▶ [preprocessing queue] ──▶ preprocess ──▶ [exchange queue] ──▶ exchange ──▶ [compute queue] ──▶ consumer
+
+``read`` takes this member's share of each global batch from the sample stream (records are
+parsed, not decoded); ``preprocess`` decodes and augments them on a tf.data pool of K threads;
+``exchange`` runs the scheme's collectives (nothing for the baseline); the consumer runs in the
+caller's thread. Compute-only members run the exchange stage alone. Queue occupancy is sampled
+every ``sample_interval`` seconds (the paper's Fig. 3). Any stage's exception stops the pipeline
+and is re-raised to the consumer, naming the stage.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+import traceback
+
+import numpy as np
+import tensorflow as tf
+
+from enspipe.data import DataError, Manifest, load_samples, locate_corrupt_record, sample_stream, slice_of_batch
+from enspipe.exchange import Batch, ExchangeEngine
+from enspipe.preprocessing import OUTPUT_RANGE, decode, make_preprocess_fn
+
+QUEUES = ("preprocessing", "exchange", "compute")
+
+
+class PipelineFailed(RuntimeError):
+    pass
+
+
+class _Stopped(Exception):
+    pass
+
+
+def quantizer(preprocessing: str):
+    """(quantize, dequantize) for the uint8 wire: lossy by (range)/255 per value."""
+    lo, hi = OUTPUT_RANGE[preprocessing]
+
+    def quantize(x):
+        return tf.cast(tf.math.round(tf.clip_by_value((x - lo) / (hi - lo), 0.0, 1.0) * 255.0), tf.uint8)
+
+    def dequantize(q):
+        return q.astype(np.float32) * np.float32((hi - lo) / 255.0) + np.float32(lo)
+
+    return quantize, dequantize
+
+
+class Pipeline:
+    def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int, steps: int,
+                 preprocessing: str, image_size: int, threads: int, order_seed: int, prep_seed: int,
+                 shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
+                 wire_dtype: str, sample_interval: float, events):
+        self.m, self.engine, self.rank, self.batch, self.steps = manifest, engine, rank, batch, steps
+        self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
+        self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
+        self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
+        self.sample_interval, self.events = sample_interval, events
+        self.share = engine.scheme.share(rank, batch)
+        self.is_preprocessor = self.share[1] > self.share[0]
+        self.queues = {name: queue.Queue(queue_depth) for name in QUEUES}
+        self.depth = queue_depth
+        self.stop = threading.Event()
+        self.failure: tuple[str, BaseException, str] | None = None
+        self.skipped: list[str] = []
+        self.samples: list[tuple[float, int, int, int]] = []
+        self._threads: list[threading.Thread] = []
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _options(self) -> tf.data.Options:
+        opts = tf.data.Options()
+        opts.threading.private_threadpool_size = self.threads
+        opts.threading.max_intra_op_parallelism = 1
+        opts.deterministic = True
+        return opts
+
+    def _put(self, name: str, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queues[name].put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _get(self, name: str):
+        while True:
+            if self.failure is not None:
+                stage, exc, _ = self.failure
+                raise PipelineFailed(f"{stage} stage failed: {type(exc).__name__}: {exc}") from exc
+            if self.stop.is_set():
+                raise _Stopped
+            try:
+                return self.queues[name].get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    def _stage(self, name: str, fn) -> threading.Thread:
+        def body():
+            try:
+                fn()
+            except _Stopped:
+                pass
+            except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
+                if self.failure is None:
+                    self.failure = (name, e, traceback.format_exc())
+                self.stop.set()
+
+        t = threading.Thread(target=body, name=f"enspipe-{name}", daemon=True)
+        self._threads.append(t)
+        return t
+
+    # -- stages -------------------------------------------------------------------------------
+    def _read(self) -> None:
+        lo, hi = self.share
+        stream = sample_stream(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt)
+        ds = slice_of_batch(stream, self.batch, lo, hi).take(self.steps)
+        ds = ds.map(lambda b: load_samples(self.m.kind, b)).with_options(self._options())
+        try:
+            for b in ds:
+                self._put("preprocessing", {k: v.numpy() for k, v in b.items()})
+        except tf.errors.DataLossError:
+            raise DataError(locate_corrupt_record(self.m)) from None
+        self._put("preprocessing", None)
+
+    def _preprocess(self) -> None:
+        prep = make_preprocess_fn(self.preprocessing, self.size, self.fast_mode)
+        quantize = quantizer(self.preprocessing)[0] if self.wire_dtype == "uint8" else (lambda x: x)
+        pending: collections.deque = collections.deque()
+        prep_seed = np.int64(self.prep_seed)
+
+        def gen():
+            while True:
+                item = self._get("preprocessing")
+                if item is None:
+                    return
+                pending.append(item)
+                yield {k: item[k] for k in ("encoded", "id", "epoch", "position", "label")}
+
+        sig = {"encoded": tf.TensorSpec([None], tf.string),
+               **{k: tf.TensorSpec([None], tf.int64) for k in ("id", "epoch", "position", "label")}}
+
+        def one(e):
+            image = quantize(prep(e["encoded"], tf.stack([prep_seed, e["position"]])))
+            return image, tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
+
+        slice_len = self.share[1] - self.share[0]
+
+        def per_slice(b):
+            items = tf.data.Dataset.from_tensor_slices(b).map(one, num_parallel_calls=self.threads, deterministic=True)
+            if self.skip_corrupt:  # keep one output per slice even if all of it is skipped
+                items = items.ignore_errors().concatenate(tf.data.Dataset.from_tensors(
+                    (tf.zeros([self.size, self.size, 3], tf.uint8 if self.wire_dtype == "uint8" else tf.float32),
+                     tf.constant([-1, -1, -1, -1], tf.int64))))
+            return items.batch(slice_len + 1)
+
+        ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
+        ds = ds.interleave(per_slice, cycle_length=2, num_parallel_calls=2, deterministic=True)
+        ds = ds.with_options(self._options())
+        it = iter(ds)
+        while True:
+            try:
+                images, meta = next(it)
+            except StopIteration:
+                break
+            except tf.errors.InvalidArgumentError as e:
+                raise DataError(self._diagnose(pending, e)) from None
+            raw = pending.popleft()
+            images, meta = images.numpy(), meta.numpy()
+            if self.skip_corrupt:
+                keep = meta[:, 0] != -1
+                images, meta = images[keep], meta[keep]
+                lost = sorted(set(raw["id"].tolist()) - set(meta[:, 0].tolist()))
+                if lost:
+                    keys = [k.decode() for k, i in zip(raw["key"], raw["id"]) if i in set(lost)]
+                    self.skipped += keys
+                    self.events.log("skipped", keys=keys, reason="undecodable image")
+            self._put("exchange", Batch(np.ascontiguousarray(images), np.ascontiguousarray(meta)))
+
+    @staticmethod
+    def _diagnose(pending, error) -> str:
+        for raw in pending:
+            for key, encoded in zip(raw["key"], raw["encoded"]):
+                try:
+                    decode(tf.constant(encoded))
+                except tf.errors.InvalidArgumentError as e:
+                    return (f"{key.decode()}: undecodable JPEG ({e.message.splitlines()[0]}); "
+                            "fix or remove the record, or pass --skip-corrupt to skip and count it")
+        return f"preprocessing failed: {error.message.splitlines()[0]}"
+
+    def _exchange(self) -> None:
+        for _ in range(self.steps):
+            mine = self._get("exchange") if self.is_preprocessor else None
+            self._put("compute", self.engine.run(mine))
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.sample_interval):
+            sizes = [self.queues[q].qsize() for q in QUEUES]
+            self.samples.append((time.time(), *sizes))
+            self.events.log("occupancy", **dict(zip(QUEUES, sizes)), capacity=self.depth)
+
+    # -- public -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.is_preprocessor:
+            self._stage("read", self._read).start()
+            self._stage("preprocess", self._preprocess).start()
+        self._stage("exchange", self._exchange).start()
+        threading.Thread(target=self._sample, name="enspipe-sampler", daemon=True).start()
+
+    def next_batch(self) -> Batch:
+        return self._get("compute")
+
+    def occupancy(self) -> dict:
+        return {q: self.queues[q].qsize() for q in QUEUES}
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout)
+
+    def occupancy_stats(self, t0: float, t1: float) -> dict:
+        rows = [s for s in self.samples if t0 <= s[0] <= t1] or self.samples
+        if not rows:
+            return {}
+        arr = np.array([r[1:] for r in rows], dtype=float) / self.depth
+        return {q: {"mean": float(arr[:, i].mean()), "min": float(arr[:, i].min()), "max": float(arr[:, i].max())}
+                for i, q in enumerate(QUEUES)} | {"samples": len(rows), "capacity_batches": self.depth}

@@ -1,0 +1,112 @@
+"""TF-Slim-faithful training preprocessing as tf.data-mappable functions.
+
+``inception``: Slim's ``inception_preprocessing.preprocess_for_train``: decode, distorted
+bounding-box crop (min object covered 0.1, aspect 3/4..4/3, area 5%..100%, 100 attempts),
+resize with a randomly chosen method (bilinear, nearest, bicubic, area; one method in fast mode),
+random left-right flip, colour distortion in one of four random orderings (two in fast mode),
+clip to [0, 1], scale to [-1, 1]. Slim's ``fast_mode`` is off by default, as in the paper.
+
+``vgg``: Slim's ``vgg_preprocessing.preprocess_for_train``: aspect-preserving bilinear resize of
+the shorter side to a random size in [256, 512], random crop, random flip, channel-mean
+subtraction. The side range scales with the output size (exactly [256, 512] at 224 px).
+
+Randomness is stateless: every element's draws derive from ``(seed, position)``, so the output
+for a given element is the same whichever rank preprocesses it and however many threads run.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+VGG_MEANS = (123.68, 116.78, 103.94)
+_RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area")
+
+
+def _seeds(seed: tf.Tensor, n: int) -> list[tf.Tensor]:
+    split = tf.random.experimental.stateless_split(seed, num=n)
+    return [split[i] for i in range(n)]
+
+
+def _choice(seed: tf.Tensor, n: int) -> tf.Tensor:
+    return tf.random.stateless_uniform([], seed, minval=0, maxval=n, dtype=tf.int32)
+
+
+def _distort_color(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Tensor) -> tf.Tensor:
+    s = _seeds(seed, 4)
+    ops = {
+        "b": lambda x: tf.image.stateless_random_brightness(x, 32.0 / 255.0, s[0]),
+        "s": lambda x: tf.image.stateless_random_saturation(x, 0.5, 1.5, s[1]),
+        "h": lambda x: tf.image.stateless_random_hue(x, 0.2, s[2]),
+        "c": lambda x: tf.image.stateless_random_contrast(x, 0.5, 1.5, s[3]),
+    }
+    orders = ("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb")
+    for op in orders[ordering]:
+        image = ops[op](image)
+    return tf.clip_by_value(image, 0.0, 1.0)
+
+
+def _switch(index: tf.Tensor, branches: list[Callable[[], tf.Tensor]]) -> tf.Tensor:
+    return branches[0]() if len(branches) == 1 else tf.switch_case(index, branches)
+
+
+def inception_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
+    """Slim inception training preprocessing of a decoded uint8 image -> float32 in [-1, 1]."""
+    s = _seeds(seed, 5)
+    image = tf.image.convert_image_dtype(image, tf.float32)
+    begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=s[0],
+        min_object_covered=0.1, aspect_ratio_range=(0.75, 1.33), area_range=(0.05, 1.0),
+        max_attempts=100, use_image_if_no_bounding_boxes=True)
+    image = tf.slice(image, begin, crop)
+    methods = _RESIZE_METHODS[:1] if fast_mode else _RESIZE_METHODS
+    image = _switch(_choice(s[1], len(methods)),
+                    [lambda m=m: tf.image.resize(image, [size, size], method=m) for m in methods])
+    image = tf.image.stateless_random_flip_left_right(image, s[2])
+    orderings = 2 if fast_mode else 4
+    image = _switch(_choice(s[3], orderings),
+                    [lambda o=o: _distort_color(image, o, fast_mode, s[4]) for o in range(orderings)])
+    image.set_shape([size, size, 3])
+    return (image - 0.5) * 2.0
+
+
+def vgg_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
+    """Slim VGG training preprocessing of a decoded uint8 image -> float32, channel means removed."""
+    del fast_mode  # Slim's vgg preprocessing has no fast mode
+    s = _seeds(seed, 3)
+    side_min, side_max = round(256 * size / 224), round(512 * size / 224)
+    side = tf.random.stateless_uniform([], s[0], minval=side_min, maxval=side_max + 1, dtype=tf.int32)
+    shape = tf.shape(image)
+    h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
+    scale = tf.cast(side, tf.float32) / tf.minimum(h, w)
+    new_hw = tf.cast(tf.math.rint(tf.stack([h * scale, w * scale])), tf.int32)
+    image = tf.image.resize(image, new_hw, method="bilinear")
+    image = tf.image.stateless_random_crop(image, [size, size, 3], s[1])
+    image = tf.image.stateless_random_flip_left_right(image, s[2])
+    return image - tf.constant(VGG_MEANS, tf.float32)
+
+
+PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_train, "vgg": vgg_train}
+
+# Value range of each preprocessing's output, used to quantise to uint8 for the wire.
+OUTPUT_RANGE: dict[str, tuple[float, float]] = {
+    "inception": (-1.0, 1.0),
+    "vgg": (-max(VGG_MEANS), 255.0 - min(VGG_MEANS)),
+}
+
+
+def decode(encoded: tf.Tensor) -> tf.Tensor:
+    """Decode a JPEG (Slim's ``image/format`` is JPEG) to uint8 HxWx3."""
+    return tf.io.decode_jpeg(encoded, channels=3)
+
+
+def make_preprocess_fn(name: str, size: int, fast_mode: bool = False) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``fn(encoded_jpeg, seed[2]) -> float32 [size, size, 3]`` for tf.data ``map``."""
+    if name not in PREPROCESSING:
+        raise ValueError(f"unknown preprocessing {name!r}; choose one of {', '.join(PREPROCESSING)}")
+    train = PREPROCESSING[name]
+
+    def fn(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        return train(decode(encoded), size, seed, fast_mode)
+
+    return fn
