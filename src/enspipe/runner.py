@@ -81,7 +81,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
 
     from enspipe.accounting import EpochLedger
     from enspipe.consumers import make_consumer
-    from enspipe.data import load_manifest, write_json_atomic
+    from enspipe.data import digest_of, load_manifest, write_json_atomic
     from enspipe.events import EventLog
     from enspipe.exchange import ExchangeEngine, Mpi4pyTransport
     from enspipe.networks import NETWORKS
@@ -119,6 +119,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
                         sample_interval=cfg.sample_interval, events=events)
 
     ledger = EpochLedger(manifest.num_images)
+    fault = _injected_fault(rank)
     step_times, waits, losses = [], [], []
     images = 0
     t_start = time.time()
@@ -128,6 +129,8 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
         if step == cfg.warmup:
             t0, cpu0, wall0 = time.perf_counter(), time.process_time(), time.time()
             events.log("measure_start", step=step)
+        if fault and fault[0] == step:
+            _inject(fault[1], rank, step)
         t_req = time.perf_counter()
         batch = pipeline.next_batch()
         t_got = time.perf_counter()
@@ -141,7 +144,8 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
         if "loss" in out:
             losses.append(out["loss"])
         events.log("step", step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
-                   measured=step >= cfg.warmup, queues=pipeline.occupancy(), **out)
+                   measured=step >= cfg.warmup, queues=pipeline.occupancy(),
+                   batch_digest=digest_of(batch.meta[:, 0]), **out)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     events.log("measure_end", step=cfg.total_steps)
     pipeline.close()
@@ -190,6 +194,23 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     events.close()
     comm.Barrier()
     return 0
+
+
+def _injected_fault(rank: int) -> tuple[int, str] | None:
+    """Fault injection for the fault-tolerance tests: ``ENSPIPE_INJECT_FAULT=rank:step:raise|kill``."""
+    spec = os.environ.get("ENSPIPE_INJECT_FAULT")
+    if not spec:
+        return None
+    r, step, kind = spec.split(":")
+    return (int(step), kind) if int(r) == rank else None
+
+
+def _inject(kind: str, rank: int, step: int) -> None:
+    if kind == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault at step {step}")
 
 
 def _version() -> str:

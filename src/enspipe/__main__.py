@@ -1,0 +1,5 @@
+import sys
+
+from enspipe.cli import main
+
+sys.exit(main())

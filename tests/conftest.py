@@ -1,0 +1,39 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+BIN = os.path.dirname(sys.executable)
+MPIEXEC = os.path.join(BIN, "mpiexec")
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory):
+    """50 synthetic images in 3 shards: no test batch size divides 50."""
+    from enspipe.synthetic import make_dataset
+
+    out = str(tmp_path_factory.mktemp("data") / "d50")
+    make_dataset(out, 50, seed=3, num_classes=10, images_per_shard=20)
+    return out
+
+
+def enspipe(*args, n: int | None = None, env: dict | None = None, timeout: float = 300):
+    """Run the CLI (under mpiexec when n is given); returns the CompletedProcess."""
+    cmd = [sys.executable, "-m", "enspipe", *map(str, args)]
+    if n is not None:
+        cmd = [MPIEXEC, "-n", str(n), *cmd]
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def summary(out) -> dict:
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def manifest(data) -> dict:
+    with open(os.path.join(data, "manifest.json")) as f:
+        return json.load(f)

@@ -1,0 +1,71 @@
+import pytest
+
+from conftest import enspipe, summary
+from enspipe.config import ConfigError, RunConfig
+from enspipe.schemes import Broadcast, Gather, make_scheme
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--steps", "0"], "--steps"),
+    (["--cores", "0"], "--cores"),
+    (["--consumer", "emulated"], "--rate"),
+    (["--image-size", "8"], "--image-size"),
+    (["--network", "resnet"], "--network"),
+    (["--scheme", "single_broadcast"], "--preprocessors"),
+    (["--scheme", "all_shared", "--batch-size", "0"], "--batch-size"),
+])
+def test_bad_arguments_exit_2_naming_the_option(dataset, tmp_path, args, option):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", *args)
+    assert r.returncode == 2, r.stderr
+    assert option in r.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_missing_dataset_names_the_fix(tmp_path):
+    r = enspipe("run", "--data", tmp_path / "nope", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "--data" in r.stderr and "make-dataset" in r.stderr
+
+
+def test_config_error_fields():
+    with pytest.raises(ConfigError) as e:
+        RunConfig(data=".", out="o", queue_depth=0)
+    assert e.value.field == "queue_depth" and "queue-depth" in str(e.value)
+
+
+@pytest.mark.parametrize("batch", [7, 8, 13])
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_shares_cover_the_batch_unevenly_allowed(batch, p):
+    s = make_scheme("multi_broadcast", 4, p, batch)
+    shares = [s.share(r, batch) for r in range(4)]
+    covered = [i for lo, hi in shares for i in range(lo, hi)]
+    assert covered == list(range(batch))
+    sizes = [hi - lo for lo, hi in shares[:p]]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_scheme_shapes():
+    sb = make_scheme("single_broadcast", 5, 3, 32)
+    assert sb.steps == (Gather((0, 1, 2)), Broadcast((2, 3, 4), 2))
+    assert [sb.role(r) for r in range(5)] == ["preprocessor", "preprocessor", "leader", "compute-only", "compute-only"]
+    assert make_scheme("all_shared", 3, None, 9).steps == (Gather((0, 1, 2)),)
+    assert make_scheme("baseline", 3, None, 1).steps == () and make_scheme("baseline", 3, None, 4).share(2, 4) == (0, 4)
+
+
+@pytest.mark.parametrize("name, n, p, batch, field", [
+    ("single_broadcast", 3, 3, 32, "preprocessors"),
+    ("single_broadcast", 3, None, 32, "preprocessors"),
+    ("multi_broadcast", 3, 4, 32, "preprocessors"),
+    ("multi_broadcast", 3, 0, 32, "preprocessors"),
+    ("all_shared", 4, None, 3, "batch_size"),
+    ("all_shared", 4, 2, 32, "preprocessors"),
+])
+def test_invalid_combinations_are_rejected(name, n, p, batch, field):
+    with pytest.raises(ConfigError) as e:
+        make_scheme(name, n, p, batch)
+    assert e.value.field == field and e.value.fix
+
+
+def test_make_dataset_cli(tmp_path):
+    r = enspipe("make-dataset", "--out", tmp_path / "d", "--num-images", "3", "--seed", "1")
+    assert r.returncode == 0 and (tmp_path / "d" / "manifest.json").exists()
+    assert enspipe("make-dataset", "--out", tmp_path / "e", "--num-images", "0").returncode == 2

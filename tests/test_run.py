@@ -1,0 +1,99 @@
+"""The per-cell program, one member (a singleton MPI job)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import enspipe, manifest, summary
+from enspipe.synthetic import make_dataset
+
+BASE = ["--network", "tiny", "--batch-size", "8", "--steps", "7", "--warmup", "0", "--cores", "1",
+        "--image-size", "32", "--shuffle-buffer", "16"]
+
+
+def _events(out, rank=0):
+    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_peak_run_consumes_the_dataset_exactly_once(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak", *BASE)
+    assert r.returncode == 0, r.stderr
+    s = summary(tmp_path)
+    rank = s["ranks"][0]
+    assert rank["epochs"][0] == {"epoch": 0, "count": 50, "digest": manifest(dataset)["digest"], "missing": 0}
+    assert rank["images"] == 56 and rank["images_per_second"] > 0 and rank["cpu_seconds"] > 0
+    assert rank["cores"] == [os.sched_getaffinity(0).__iter__().__next__()] or len(rank["cores"]) == 1
+    assert set(rank["queue_occupancy"]) >= {"preprocessing", "exchange", "compute"}
+    ev = _events(tmp_path)
+    assert ev[0]["event"] == "config" and ev[0]["config"]["network"] == "tiny"
+    assert sum(e["event"] == "step" for e in ev) == 7 and any(e["event"] == "occupancy" for e in ev)
+    assert r.stdout.startswith("enspipe: baseline n=1")
+
+
+def test_warmup_is_excluded_from_the_window(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak", *BASE[:6], "--warmup", "3",
+                *BASE[8:])
+    assert r.returncode == 0, r.stderr
+    rank = summary(tmp_path)["ranks"][0]
+    assert rank["images"] == 56 and rank["epochs"][0]["count"] == 50  # 10 steps: epoch 0 done, counted
+
+
+def test_train_really_trains(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "train", "--lr", "0.05", *BASE)
+    assert r.returncode == 0, r.stderr
+    s = summary(tmp_path)
+    losses = [e["loss"] for e in _events(tmp_path) if e["event"] == "step"]
+    assert len(losses) == 7 and np.isfinite(losses).all() and len(set(losses)) > 1
+    assert s["accelerator"] == "measured" and s["ranks"][0]["learning_rate"] == 0.05
+
+
+def test_emulated_is_labelled(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "emulated", "--rate", "400", *BASE)
+    assert r.returncode == 0, r.stderr
+    s = summary(tmp_path)
+    assert s["emulated"] is True and s["accelerator"] == "emulated" and "emulated" in r.stdout
+    assert s["ranks"][0]["seconds"] >= 56 / 400
+
+
+def test_uint8_wire(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "train", "--wire-dtype", "uint8", *BASE)
+    assert r.returncode == 0, r.stderr
+    assert summary(tmp_path)["wire_dtype"] == "uint8"
+
+
+@pytest.fixture(scope="module")
+def bad_jpeg_dataset(tmp_path_factory):
+    """Shards whose record 3 of shard 0 holds bytes that are not a JPEG."""
+    import tensorflow as tf
+
+    from enspipe.data import MANIFEST, manifest_dict, load_manifest, write_json_atomic
+    from enspipe.synthetic import slim_example
+
+    root = tmp_path_factory.mktemp("bad") / "d"
+    m = make_dataset(str(root), 12, seed=2, num_classes=3, images_per_shard=6)
+    shard = root / m.files[0]
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+    records[3] = slim_example(b"this is not a jpeg", 1, 10, 10, "bad.JPEG", "x")
+    with tf.io.TFRecordWriter(str(shard)) as w:
+        for rec in records:
+            w.write(rec)
+    return str(root), f"{m.files[0]}:3"
+
+
+def test_undecodable_jpeg_fails_naming_the_record(bad_jpeg_dataset, tmp_path):
+    data, key = bad_jpeg_dataset
+    r = enspipe("run", "--data", data, "--out", tmp_path, "--consumer", "peak", *BASE, timeout=120)
+    assert r.returncode != 0
+    assert key in r.stderr and "--skip-corrupt" in r.stderr
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_skip_corrupt_skips_and_counts(bad_jpeg_dataset, tmp_path):
+    data, key = bad_jpeg_dataset
+    r = enspipe("run", "--data", data, "--out", tmp_path, "--consumer", "peak", "--skip-corrupt", *BASE)
+    assert r.returncode == 0, r.stderr
+    rank = summary(tmp_path)["ranks"][0]
+    assert key in rank["skipped"]
+    assert rank["epochs"][0]["count"] == 11 and rank["epochs"][0]["missing"] == 1
