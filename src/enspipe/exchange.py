@@ -5,7 +5,7 @@ A batch travels as two contiguous arrays: ``images`` (b, S, S, 3) in the wire dt
 preprocessor that skipped a corrupt image simply contributes a shorter block.
 
 Transports implement three group collectives; :class:`Mpi4pyTransport` uses mpi4py's
-buffer-based (uppercase) calls on communicators built once per run.
+buffer-based (uppercase) non-blocking calls on communicators built once per run.
 """
 from __future__ import annotations
 
@@ -65,16 +65,24 @@ class Mpi4pyTransport:
             if c != MPI.COMM_NULL:
                 self.comms[g] = c
 
+    def _wait(self, requests) -> None:
+        """Wait without spinning: MPICH busy-polls inside blocking collectives, which would bill a
+        member that waits for its peers a full core. Poll with a short sleep instead."""
+        delay = 20e-6
+        while not self.MPI.Request.Testall(requests):
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+
     def _empty(self, n: int) -> Batch:
         return Batch(np.empty((n, *self.image_shape), self.dtype), np.empty((n, 4), np.int64))
 
     def allgatherv(self, group: tuple[int, ...], mine: Batch) -> Batch:
         c = self.comms[group]
         counts = np.empty(c.Get_size(), np.int64)
-        c.Allgather(np.array([len(mine)], np.int64), counts)
+        self._wait([c.Iallgather(np.array([len(mine)], np.int64), counts)])
         out = self._empty(int(counts.sum()))
-        c.Allgatherv(mine.meta, [out.meta, (counts * 4).tolist()])
-        c.Allgatherv(mine.images, [out.images, (counts * int(np.prod(self.image_shape))).tolist()])
+        self._wait([c.Iallgatherv(mine.meta, [out.meta, (counts * 4).tolist()]),
+                    c.Iallgatherv(mine.images, [out.images, (counts * int(np.prod(self.image_shape))).tolist()])])
         self.stats.bytes_sent += mine.nbytes
         self.stats.bytes_received += out.nbytes - mine.nbytes
         return out
@@ -82,10 +90,9 @@ class Mpi4pyTransport:
     def broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None) -> Batch:
         c, local_root = self.comms[group], group.index(root)
         count = np.array([len(batch) if self.rank == root else 0], np.int64)
-        c.Bcast(count, root=local_root)
+        self._wait([c.Ibcast(count, root=local_root)])
         out = batch if self.rank == root else self._empty(int(count[0]))
-        c.Bcast(out.meta, root=local_root)
-        c.Bcast(out.images, root=local_root)
+        self._wait([c.Ibcast(out.meta, root=local_root), c.Ibcast(out.images, root=local_root)])
         if self.rank == root:
             self.stats.bytes_sent += out.nbytes
         else:
@@ -95,7 +102,7 @@ class Mpi4pyTransport:
     def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None) -> Batch:
         c = self.comms[group]
         counts = np.empty(c.Get_size(), np.int64)
-        c.Allgather(np.array([len(mine) if mine is not None else 0], np.int64), counts)
+        self._wait([c.Iallgather(np.array([len(mine) if mine is not None else 0], np.int64), counts)])
         local_roots = [group.index(r) for r in roots]
         out = self._empty(int(counts[local_roots].sum()))
         requests, offset = [], 0
@@ -105,7 +112,7 @@ class Mpi4pyTransport:
                 block.images[...], block.meta[...] = mine.images, mine.meta
             requests += [c.Ibcast(block.meta, root=lr), c.Ibcast(block.images, root=lr)]
             offset += int(counts[lr])
-        self.MPI.Request.Waitall(requests)
+        self._wait(requests)
         own = mine.nbytes if mine is not None else 0
         self.stats.bytes_sent += own
         self.stats.bytes_received += out.nbytes - own

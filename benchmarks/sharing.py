@@ -1,0 +1,72 @@
+"""Sharing schemes side by side: peak throughput and CPU cost per delivered image.
+
+    python benchmarks/sharing.py [--ns 1,2,4] [--steps 20] [--warmup 5] [--batch 32] [--size 224]
+
+Runs every scheme (single/multi-broadcast with P = max(1, N // 2)) under ``mpiexec -n N`` with
+``--consumer peak`` on the embedded dataset and prints, per scheme and N: peak images/s per
+member, CPU-seconds per delivered image per member (process CPU time over the measured window),
+the ratio of baseline's CPU per image to the scheme's, and the share of CPU spent in collectives
+(collective wall time over CPU time; MPICH busy-polls inside collectives, so wall ~ CPU there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def run_cell(data, out, n, scheme, p, a) -> dict:
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n), sys.executable, "-m", "enspipe",
+           "run", "--data", data, "--out", out, "--scheme", scheme, "--network", a.network, "--consumer", "peak",
+           "--batch-size", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup), "--image-size",
+           str(a.size), "--transport", a.transport]
+    if p:
+        cmd += ["--preprocessors", str(p)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ns", default="1,2,4")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--network", default="alexnet_v2")
+    ap.add_argument("--transport", default="mpi4py")
+    ap.add_argument("--images", type=int, default=1000)
+    a = ap.parse_args()
+    from enspipe.synthetic import make_dataset
+
+    data = os.path.join(tempfile.gettempdir(), f"enspipe-bench-{a.images}")
+    if not os.path.exists(os.path.join(data, "manifest.json")):
+        make_dataset(data, a.images, seed=0)
+    print(f"{a.network}, batch {a.batch}, {a.size} px, {a.warmup}+{a.steps} steps, transport {a.transport}, "
+          f"{os.cpu_count()} CPUs")
+    print(f"{'scheme':<18}{'N':>3}{'P':>3}{'img/s/member':>14}{'CPU ms/img/member':>19}{'vs baseline':>13}{'comm share':>12}")
+    base: dict[int, float] = {}
+    for n in map(int, a.ns.split(",")):
+        for scheme in ("baseline", "all_shared", "single_broadcast", "multi_broadcast"):
+            p = max(1, n // 2) if scheme in ("single_broadcast", "multi_broadcast") else None
+            if scheme == "single_broadcast" and (p is None or p >= n):
+                continue
+            with tempfile.TemporaryDirectory() as out:
+                s = run_cell(data, out, n, scheme, p, a)
+            ranks = s["ranks"]
+            cpu_per_img = float(np.mean([r["cpu_seconds"] / r["images"] for r in ranks]))
+            comm = sum(r["collective_seconds"] for r in ranks) / sum(r["cpu_seconds"] for r in ranks)
+            if scheme == "baseline":
+                base[n] = cpu_per_img
+            print(f"{scheme:<18}{n:>3}{s['p']:>3}{s['images_per_second_per_member']:>14.1f}"
+                  f"{1000 * cpu_per_img:>19.2f}{base[n] / cpu_per_img:>12.2f}x{comm:>11.1%}")
+
+
+if __name__ == "__main__":
+    main()
