@@ -36,12 +36,14 @@ class Batch:
 class TransportStats:
     bytes_sent: int = 0
     bytes_received: int = 0
-    collective_seconds: float = 0.0
+    collective_seconds: float = 0.0      # wall time in collectives, waiting for peers included
+    collective_cpu_seconds: float = 0.0  # CPU time of the exchange thread in collectives
     collectives: int = 0
 
     def as_dict(self) -> dict:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-                "collective_seconds": self.collective_seconds, "collectives": self.collectives}
+                "collective_seconds": self.collective_seconds,
+                "collective_cpu_seconds": self.collective_cpu_seconds, "collectives": self.collectives}
 
 
 class Mpi4pyTransport:
@@ -132,7 +134,7 @@ class ExchangeEngine:
 
     def run(self, mine: Batch | None) -> Batch:
         batch = mine
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         for step in self.scheme.steps:
             if self.rank not in step.group:
                 continue
@@ -146,6 +148,7 @@ class ExchangeEngine:
                 raise TypeError(f"unknown step {step!r}")
         if self.scheme.steps:
             self.transport.stats.collective_seconds += time.perf_counter() - t0
+            self.transport.stats.collective_cpu_seconds += time.thread_time() - cpu0
             self.transport.stats.collectives += 1
         if batch is None:
             raise RuntimeError(f"rank {self.rank}: scheme {self.scheme.name} left this member without a batch")
