@@ -16,14 +16,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data import load_manifest, load_samples, sample_stream, slice_of_batch
+from enspipe.data import load_samples, sample_stream, slice_of_batch
 from enspipe.preprocessing import make_preprocess_fn
-from enspipe.synthetic import make_dataset
+from enspipe.synthetic import ensure_dataset
 
 
 def encoded_images(n: int) -> list[bytes]:
-    root = os.path.join(tempfile.gettempdir(), f"enspipe-bench-{n}")
-    m = load_manifest(root) if os.path.exists(os.path.join(root, "manifest.json")) else make_dataset(root, n, seed=0)
+    m = ensure_dataset(os.path.join(tempfile.gettempdir(), f"enspipe-bench-{n}"), n)
     batch = next(iter(slice_of_batch(sample_stream(m, 0, 0), n, 0, n).map(lambda b: load_samples(m.kind, b))))
     return batch["encoded"]
 

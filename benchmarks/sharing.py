@@ -43,11 +43,9 @@ def main() -> None:
     ap.add_argument("--transport", default="mpi4py")
     ap.add_argument("--images", type=int, default=1000)
     a = ap.parse_args()
-    from enspipe.synthetic import make_dataset
+    from enspipe.synthetic import ensure_dataset
 
-    data = os.path.join(tempfile.gettempdir(), f"enspipe-bench-{a.images}")
-    if not os.path.exists(os.path.join(data, "manifest.json")):
-        make_dataset(data, a.images, seed=0)
+    data = ensure_dataset(os.path.join(tempfile.gettempdir(), f"enspipe-bench-{a.images}"), a.images).root
     print(f"{a.network}, batch {a.batch}, {a.size} px, {a.warmup}+{a.steps} steps, transport {a.transport}, "
           f"{os.cpu_count()} CPUs")
     print(f"{'scheme':<18}{'N':>3}{'P':>3}{'img/s/member':>14}{'CPU ms/img/member':>19}{'vs baseline':>13}{'comm share':>12}")

@@ -29,6 +29,12 @@ def enspipe(*args, n: int | None = None, env: dict | None = None, timeout: float
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def with_option(args: list, option: str, value) -> list:
+    """A copy of ``args`` with ``option``'s value replaced (the option must be there)."""
+    i = args.index(option)
+    return [*args[:i + 1], str(value), *args[i + 2:]]
+
+
 def summary(out) -> dict:
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import enspipe, manifest, summary
+from conftest import enspipe, manifest, summary, with_option
 
 pytestmark = pytest.mark.mpi
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
@@ -60,8 +60,8 @@ def test_shared_batches_equal_a_single_members(dataset, tmp_path):
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failed_rank_ends_the_job_fast(dataset, tmp_path, kind):
     t = time.monotonic()
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared", *COMMON[:6], "--steps", "500",
-                *COMMON[8:], n=3, env={"ENSPIPE_INJECT_FAULT": f"1:3:{kind}"}, timeout=120)
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared",
+                *with_option(COMMON, "--steps", 500), n=3, env={"ENSPIPE_INJECT_FAULT": f"1:3:{kind}"}, timeout=120)
     elapsed = time.monotonic() - t
     assert r.returncode != 0
     assert elapsed < 60  # includes TensorFlow start-up of 3 oversubscribed ranks; the abort itself is immediate

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import enspipe, manifest, summary
+from conftest import enspipe, manifest, summary, with_option
 from enspipe.synthetic import make_dataset
 
 BASE = ["--network", "tiny", "--batch-size", "8", "--steps", "7", "--warmup", "0", "--cores", "1",
@@ -33,8 +33,8 @@ def test_peak_run_consumes_the_dataset_exactly_once(dataset, tmp_path):
 
 
 def test_warmup_is_excluded_from_the_window(dataset, tmp_path):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak", *BASE[:6], "--warmup", "3",
-                *BASE[8:])
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak",
+                *with_option(BASE, "--warmup", 3))
     assert r.returncode == 0, r.stderr
     rank = summary(tmp_path)["ranks"][0]
     assert rank["images"] == 56 and rank["epochs"][0]["count"] == 50  # 10 steps: epoch 0 done, counted

@@ -172,9 +172,9 @@ class Pipeline:
             if self.skip_corrupt:
                 keep = meta[:, 0] != -1
                 images, meta = images[keep], meta[keep]
-                lost = sorted(set(raw["id"].tolist()) - set(meta[:, 0].tolist()))
+                lost = set(raw["id"].tolist()) - set(meta[:, 0].tolist())
                 if lost:
-                    keys = [k.decode() for k, i in zip(raw["key"], raw["id"]) if i in set(lost)]
+                    keys = [k.decode() for k, i in zip(raw["key"], raw["id"]) if i in lost]
                     self.skipped += keys
                     self.events.log("skipped", keys=keys, reason="undecodable image")
             self._put("exchange", Batch(np.ascontiguousarray(images), np.ascontiguousarray(meta)))

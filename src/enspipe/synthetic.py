@@ -90,6 +90,15 @@ def write_shards(out: str, samples, num_images: int, num_classes: int, images_pe
     return m
 
 
+def ensure_dataset(out: str, num_images: int, seed: int = 0) -> Manifest:
+    """The dataset in ``out`` if its manifest is there (a complete earlier run), else a new one."""
+    from enspipe.data import load_manifest
+
+    if os.path.exists(os.path.join(out, MANIFEST)):
+        return load_manifest(out)
+    return make_dataset(out, num_images, seed)
+
+
 def make_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 100,
                  images_per_shard: int = 256) -> Manifest:
     """Generate the embedded default dataset into ``out``."""
