@@ -43,3 +43,21 @@ def summary(out) -> dict:
 def manifest(data) -> dict:
     with open(os.path.join(data, "manifest.json")) as f:
         return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def bad_jpeg_dataset(tmp_path_factory):
+    """Shards whose record 3 of shard 0 holds bytes that are not a JPEG."""
+    import tensorflow as tf
+
+    from enspipe.synthetic import make_dataset, slim_example
+
+    root = tmp_path_factory.mktemp("bad") / "d"
+    m = make_dataset(str(root), 12, seed=2, num_classes=3, images_per_shard=6)
+    shard = root / m.files[0]
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+    records[3] = slim_example(b"this is not a jpeg", 1, 10, 10, "bad.JPEG", "x")
+    with tf.io.TFRecordWriter(str(shard)) as w:
+        for rec in records:
+            w.write(rec)
+    return str(root), f"{m.files[0]}:3"

@@ -13,12 +13,29 @@ from enspipe.schemes import Broadcast, Gather, make_scheme
     (["--network", "resnet"], "--network"),
     (["--scheme", "single_broadcast"], "--preprocessors"),
     (["--scheme", "all_shared", "--batch-size", "0"], "--batch-size"),
+    (["--power", "wattmeter"], "--power"),
+    (["--power", "auto,rapl"], "--power"),
+    (["--power", "external"], "--power-csv"),
+    (["--power-csv", "/no/such.csv"], "--power-csv"),
+    (["--idle-power", "/no/idle.json"], "--idle-power"),
+    (["--idle-watts", "-1"], "--idle-watts"),
+    (["--monitor-interval", "0"], "--monitor-interval"),
+    (["--cpu-monitor", "none", "--power", "modelled"], "--power"),
 ])
 def test_bad_arguments_exit_2_naming_the_option(dataset, tmp_path, args, option):
     r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", *args)
     assert r.returncode == 2, r.stderr
     assert option in r.stderr
     assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_mpstat_requested_but_missing_names_the_fix(dataset, tmp_path):
+    import os
+    import sys
+
+    path = os.path.dirname(sys.executable)  # the venv's bin: no sysstat there
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--cpu-monitor", "mpstat", env={"PATH": path})
+    assert r.returncode == 2 and "--cpu-monitor" in r.stderr and "sysstat" in r.stderr
 
 
 def test_missing_dataset_names_the_fix(tmp_path):
@@ -48,6 +65,7 @@ def test_scheme_shapes():
     assert sb.steps == (Gather((0, 1, 2)), Broadcast((2, 3, 4), 2))
     assert [sb.role(r) for r in range(5)] == ["preprocessor", "preprocessor", "leader", "compute-only", "compute-only"]
     assert make_scheme("all_shared", 3, None, 9).steps == (Gather((0, 1, 2)),)
+    assert make_scheme("all_shared", 1, None, 9).steps == () == make_scheme("multi_broadcast", 1, 1, 9).steps
     assert make_scheme("baseline", 3, None, 1).steps == () and make_scheme("baseline", 3, None, 4).share(2, 4) == (0, 4)
 
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from conftest import enspipe, manifest, summary, with_option
-from enspipe.synthetic import make_dataset
 
 BASE = ["--network", "tiny", "--batch-size", "8", "--steps", "7", "--warmup", "0", "--cores", "1",
         "--image-size", "32", "--shuffle-buffer", "16"]
@@ -61,25 +60,6 @@ def test_uint8_wire(dataset, tmp_path):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "train", "--wire-dtype", "uint8", *BASE)
     assert r.returncode == 0, r.stderr
     assert summary(tmp_path)["wire_dtype"] == "uint8"
-
-
-@pytest.fixture(scope="module")
-def bad_jpeg_dataset(tmp_path_factory):
-    """Shards whose record 3 of shard 0 holds bytes that are not a JPEG."""
-    import tensorflow as tf
-
-    from enspipe.data import MANIFEST, manifest_dict, load_manifest, write_json_atomic
-    from enspipe.synthetic import slim_example
-
-    root = tmp_path_factory.mktemp("bad") / "d"
-    m = make_dataset(str(root), 12, seed=2, num_classes=3, images_per_shard=6)
-    shard = root / m.files[0]
-    records = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
-    records[3] = slim_example(b"this is not a jpeg", 1, 10, 10, "bad.JPEG", "x")
-    with tf.io.TFRecordWriter(str(shard)) as w:
-        for rec in records:
-            w.write(rec)
-    return str(root), f"{m.files[0]}:3"
 
 
 def test_undecodable_jpeg_fails_naming_the_record(bad_jpeg_dataset, tmp_path):

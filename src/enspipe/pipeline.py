@@ -23,6 +23,7 @@ import tensorflow as tf
 from enspipe.data import DataError, Manifest, load_samples, locate_corrupt_record, sample_stream, slice_of_batch
 from enspipe.exchange import Batch, ExchangeEngine
 from enspipe.preprocessing import OUTPUT_RANGE, decode, make_preprocess_fn
+from enspipe.threadcpu import set_thread_name
 
 QUEUES = ("preprocessing", "exchange", "compute")
 
@@ -99,8 +100,10 @@ class Pipeline:
 
     def _stage(self, name: str, fn) -> threading.Thread:
         def body():
+            set_thread_name(f"enspipe-{name}")  # TensorFlow's pool threads started here inherit it
             try:
                 fn()
+                self.stop.wait()  # stay alive until close(), so the thread's CPU time stays visible
             except _Stopped:
                 pass
             except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
@@ -159,7 +162,7 @@ class Pipeline:
         ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
         ds = ds.interleave(per_slice, cycle_length=2, num_parallel_calls=2, deterministic=True)
         ds = ds.with_options(self._options())
-        it = iter(ds)
+        it = self._prep_iterator = iter(ds)  # kept until close(): its pool threads' CPU stays visible
         while True:
             try:
                 images, meta = next(it)
@@ -196,6 +199,7 @@ class Pipeline:
             self._put("compute", self.engine.run(mine))
 
     def _sample(self) -> None:
+        set_thread_name("enspipe-sampler")
         while not self.stop.wait(self.sample_interval):
             sizes = [self.queues[q].qsize() for q in QUEUES]
             self.samples.append((time.time(), *sizes))

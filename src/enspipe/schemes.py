@@ -88,7 +88,7 @@ def make_scheme(name: str, n: int, p: int | None, batch: int) -> Scheme:
         if name == "baseline":
             return Scheme(name, n, n, everyone, (), shared=False)
         _check_batch(batch, n)
-        return Scheme(name, n, n, everyone, (Gather(everyone),), shared=True)
+        return Scheme(name, n, n, everyone, _nontrivial(Gather(everyone)), shared=True)
     if p is None:
         raise ConfigError("preprocessors", f"{name} needs the number of preprocessors P", f"pass --preprocessors P with 1 <= P < N = {n}")
     if not 1 <= p <= n:
@@ -102,8 +102,13 @@ def make_scheme(name: str, n: int, p: int | None, batch: int) -> Scheme:
         steps: tuple[Step, ...] = (Gather(pre),) if p > 1 else ()
         return Scheme(name, n, p, pre, steps + (Broadcast(tuple(range(p - 1, n)), p - 1),), shared=True)
     if name == "multi_broadcast":
-        return Scheme(name, n, p, pre, (BlockBroadcasts(everyone, pre),), shared=True)
+        return Scheme(name, n, p, pre, _nontrivial(BlockBroadcasts(everyone, pre)), shared=True)
     raise ConfigError("scheme", f"unknown scheme {name!r}", "choose baseline, all_shared, single_broadcast or multi_broadcast")
+
+
+def _nontrivial(*steps: Step) -> tuple[Step, ...]:
+    """A collective within a group of one moves nothing: leave it out."""
+    return tuple(s for s in steps if len(s.group) > 1)
 
 
 def _check_batch(batch: int, p: int) -> None:
