@@ -1,6 +1,8 @@
 """Real MPI jobs under mpiexec -n 2..4 (oversubscribed on small machines)."""
+import csv
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -57,6 +59,22 @@ def test_shared_batches_equal_a_single_members(dataset, tmp_path):
     assert _batch_digests(tmp_path / "one", 0) == _batch_digests(tmp_path / "three", 2)
 
 
+@pytest.mark.parametrize("scheme, p", [("all_shared", None), ("single_broadcast", 2), ("multi_broadcast", 2)])
+def test_skipped_records_shorten_one_block_and_every_member_agrees(bad_jpeg_dataset, tmp_path, scheme, p):
+    """With --skip-corrupt block sizes are exchanged: the preprocessor that meets the bad record sends
+    a shorter block, and every member still consumes the same batches, each epoch one image short."""
+    data, key = bad_jpeg_dataset
+    extra = ["--preprocessors", p] if p else []
+    r = enspipe("run", "--data", data, "--out", tmp_path, "--scheme", scheme, *extra, "--skip-corrupt", *COMMON, n=3)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = summary(tmp_path)["ranks"]
+    assert all(rank["epochs"][0]["count"] == 11 and rank["epochs"][0]["missing"] == 1 for rank in ranks)
+    skipped = [k for rank in ranks for k in rank["skipped"]]  # by whichever rank preprocessed it, once per epoch
+    assert skipped and set(skipped) == {key} and len(skipped) <= 5
+    orders = [_batch_digests(tmp_path, rank) for rank in range(3)]
+    assert orders[0] == orders[1] == orders[2]
+
+
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failed_rank_ends_the_job_fast(dataset, tmp_path, kind):
     t = time.monotonic()
@@ -68,3 +86,40 @@ def test_a_failed_rank_ends_the_job_fast(dataset, tmp_path, kind):
     assert not (tmp_path / "summary.json").exists()
     if kind == "raise":
         assert "rank 1 failed" in r.stderr and (tmp_path / "error.rank0001.txt").exists()
+
+
+def test_measurement_outputs_of_a_shared_cell(dataset, tmp_path):
+    """mpstat log, CPU table, node CPU-seconds and a labelled (modelled) energy figure."""
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared",
+                *with_option(COMMON, "--steps", 40), n=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path)
+    host = s["ranks"][0]["host"]
+    mpstat = shutil.which("mpstat") is not None
+    assert s["cpu_source"] == ("mpstat" if mpstat else "psutil")
+    assert (tmp_path / (f"mpstat.{host}.json" if mpstat else f"psutil-cpu.{host}.jsonl")).exists()
+    marks = json.loads((tmp_path / f"cpu-marks.{host}.json").read_text())
+    assert marks["warmup_start"] <= marks["measure_start"] < marks["measure_end"] <= marks["stopped"]
+    assert set(s["node_cpu_seconds"]) == {host} and s["node_cpu_seconds_total"] > 0
+    assert set(s["per_core_busy_percent"][host]) == {str(c) for c in range(os.cpu_count())}
+    with open(tmp_path / "cpu.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and {r["host"] for r in rows} == {host} and "busy" in rows[0]
+    if not any(k in s["energy_by_source"] for k in ("rapl", "nvml", "external", "slurm")):
+        assert s["energy_source"] == "modelled" and s["energy_modelled"] is True
+        assert s["idle_source"].startswith("modelled")
+    assert s["energy_joules"] > s["energy_above_idle_joules"] >= 0 and s["mean_watts"] > 0
+    with open(tmp_path / "power.csv") as f:
+        assert {r["source"] for r in csv.DictReader(f)} >= {"modelled"}
+
+
+def test_psutil_monitor_and_a_power_source_that_is_not_here(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "ps", "--cpu-monitor", "psutil", *COMMON, n=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path / "ps")
+    assert s["cpu_source"] == "psutil" and s["node_cpu_seconds_total"] > 0
+    if os.path.isdir("/sys/class/powercap") and os.listdir("/sys/class/powercap"):
+        pytest.skip("this machine has powercap zones")
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "rapl", "--power", "rapl", *COMMON, n=2, timeout=120)
+    assert r.returncode != 0 and "--power rapl" in r.stderr and "RAPL" in r.stderr
+    assert not (tmp_path / "rapl" / "summary.json").exists()

@@ -1,4 +1,4 @@
-"""``enspipe`` command line: make-dataset, convert, index, run.
+"""``enspipe`` command line: make-dataset, convert, index, stage, run, idle-power.
 
 Arguments are validated before any MPI or TensorFlow work: a bad one exits 2 with a message
 that names the option and the fix.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from enspipe.config import CONSUMERS, SCHEMES, TRANSPORTS, WIRE_DTYPES, ConfigError, RunConfig
+from enspipe.config import (CONSUMERS, CPU_MONITORS, SCHEMES, TRANSPORTS, WIRE_DTYPES, ConfigError, RunConfig)
 
 
 def _positive_int(s: str) -> int:
@@ -26,6 +26,18 @@ def _lrs(s: str) -> tuple[float, ...]:
         return tuple(float(x) for x in s.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+
+
+def _names(s: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def _add_power_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--power", type=_names, default=("auto",),
+                   help="energy sources by preference: auto, or a comma list of rapl, nvml, slurm, external, modelled")
+    p.add_argument("--power-csv", default=None, help="an external meter's (timestamp, watts) CSV")
+    p.add_argument("--idle-watts", type=float, default=50.0, help="power model: idle watts per node")
+    p.add_argument("--watts-per-core", type=float, default=10.0, help="power model: watts per fully busy core")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     ix = sub.add_parser("index", help="scan a TFRecord/JPEG dataset and write its manifest.json")
     ix.add_argument("--data", required=True)
 
+    st = sub.add_parser("stage", help="the workflow's data stage for your dataset: pack JPEG folders into "
+                                      "shards, or link TFRecord shards, into --out with a manifest")
+    st.add_argument("--data", required=True, help="your TF-Slim TFRecord shards or JPEG class folders")
+    st.add_argument("--out", required=True, help="the staged dataset directory")
+
     r = sub.add_parser("run", help="run one cell: one ensemble member per MPI rank (use mpiexec -n N)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--data", required=True, help="dataset directory (TFRecord shards or JPEG class folders)")
@@ -65,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--preprocessors", type=_positive_int, default=None,
                    help="P for single_broadcast / multi_broadcast (implied for the others)")
     r.add_argument("--rate", type=float, default=None, help="emulated accelerator rate rc in images/s")
+    r.add_argument("--rate-from", default=None,
+                   help="take the network's rc from this calibration file (the workflow's rates.json)")
     r.add_argument("--seed", type=int, default=0, help="base seed for order, augmentation and initialisation")
     r.add_argument("--lr", type=_lrs, default=(0.01,), help="learning rates, member m uses the (m mod k)-th")
     r.add_argument("--shuffle-buffer", type=_positive_int, default=1024, help="records; 0 = canonical order")
@@ -74,17 +93,51 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--wire-dtype", default="float32", choices=WIRE_DTYPES,
                    help="uint8 quantises after preprocessing: 4x less traffic, lossy by 1/255 of the range")
     r.add_argument("--transport", default="mpi4py", choices=TRANSPORTS, help="collective library")
+    r.add_argument("--no-node-shm", dest="node_shm", action="store_false",
+                   help="exchange through MPI collectives only, not node-shared memory (for comparison)")
     r.add_argument("--sample-interval", type=float, default=0.1, help="seconds between queue-occupancy samples")
+    r.add_argument("--cpu-monitor", default="auto", choices=CPU_MONITORS,
+                   help="per-node CPU monitor: mpstat (sysstat), psutil, auto (mpstat if installed) or none")
+    r.add_argument("--monitor-interval", type=_positive_int, default=1, help="seconds between CPU samples")
+    r.add_argument("--idle-power", default=None, help="idle-power file from `enspipe idle-power`")
+    _add_power_options(r)
+
+    ip = sub.add_parser("idle-power", help="measure this node's idle power and store it for energy above idle",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ip.add_argument("--out", required=True, help="the idle-power JSON file to write")
+    ip.add_argument("--seconds", type=float, default=30.0, help="how long to sample (keep the node idle)")
+    _add_power_options(ip)
     return p
 
 
+def _rate(a: argparse.Namespace) -> tuple[float | None, str | None]:
+    if a.rate_from is None:
+        return a.rate, ("--rate" if a.rate is not None else None)
+    if a.rate is not None:
+        raise ConfigError("rate_from", "--rate and --rate-from both given", "pass one of them")
+    import json
+
+    try:
+        with open(a.rate_from) as f:
+            net = json.load(f)["networks"][a.network]
+        return float(net["rc"]), f"{a.rate_from}: {net['rc_source']}"
+    except OSError as e:
+        raise ConfigError("rate_from", f"cannot read {a.rate_from}: {e.strerror}", "run the calibration first") from None
+    except (KeyError, ValueError, TypeError):
+        raise ConfigError("rate_from", f"{a.rate_from} has no rc for {a.network}",
+                          "calibrate this network, or pass --rate") from None
+
+
 def config_from_args(a: argparse.Namespace) -> RunConfig:
+    rate, rate_source = _rate(a)
     return RunConfig(data=a.data, out=a.out, network=a.network, consumer=a.consumer, batch_size=a.batch_size,
                      steps=a.steps, warmup=a.warmup, cores=a.cores, image_size=a.image_size, scheme=a.scheme,
-                     preprocessors=a.preprocessors, rate=a.rate, seed=a.seed, lrs=a.lr,
+                     preprocessors=a.preprocessors, rate=rate, rate_source=rate_source, seed=a.seed, lrs=a.lr,
                      shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, skip_corrupt=a.skip_corrupt,
                      fast_mode=a.fast_mode, wire_dtype=a.wire_dtype, transport=a.transport,
-                     sample_interval=a.sample_interval)
+                     sample_interval=a.sample_interval, node_shm=a.node_shm, cpu_monitor=a.cpu_monitor,
+                     monitor_interval=a.monitor_interval, power=a.power, power_csv=a.power_csv,
+                     idle_power=a.idle_power, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +160,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         print(f"enspipe: converted {m.num_images} images into {len(m.files)} shards in {a.out}")
         return 0
+    if a.command == "stage":
+        from enspipe.data import DataError, stage_dataset
+
+        try:
+            m = stage_dataset(a.data, a.out)
+        except DataError as e:
+            parser.error(str(e))
+        print(f"enspipe: staged {m.num_images} images ({m.kind}) from {a.data} in {a.out} (digest {m.digest})")
+        return 0
     if a.command == "index":
         import os
 
@@ -118,6 +180,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         write_json_atomic(os.path.join(a.data, MANIFEST), manifest_dict(m))
         print(f"enspipe: {m.num_images} images, {m.num_classes} classes, digest {m.digest}")
+        return 0
+    if a.command == "idle-power":
+        from enspipe.measure import measure_idle_power
+
+        if a.seconds <= 0:
+            parser.error("--seconds: must be > 0; pass how long to sample, e.g. 30")
+        try:
+            idle = measure_idle_power(a.out, a.seconds, a.power, a.power_csv, a.idle_watts)
+        except ValueError as e:
+            parser.error(str(e))
+        print(f"enspipe: idle power {idle['watts']:.1f} W ({idle['source']}) on {idle['host']} -> {a.out}")
         return 0
     try:
         cfg = config_from_args(a)

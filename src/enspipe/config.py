@@ -14,6 +14,8 @@ SCHEMES = ("baseline", "all_shared", "single_broadcast", "multi_broadcast")
 WIRE_DTYPES = ("float32", "uint8")
 TRANSPORTS = ("mpi4py", "horovod")
 PREPROCESSINGS = ("inception", "vgg")
+CPU_MONITORS = ("auto", "mpstat", "psutil", "none")
+POWER_SOURCES = ("auto", "rapl", "nvml", "slurm", "external", "modelled")
 
 
 class ConfigError(ValueError):
@@ -48,6 +50,7 @@ class RunConfig:
       scheme: how members share preprocessing (``baseline`` shares nothing).
       preprocessors: P, the number of preprocessing members for the broadcast schemes.
       rate: the emulated accelerator's rate rc in images/s (``emulated`` only).
+      rate_source: where ``rate`` came from (a calibration file, or the command line).
       seed: base seed; data order, preprocessing and initialisation derive from it.
       lrs: learning rates, member m uses ``lrs[m % len(lrs)]`` (ensemble members differ in
         learning rate and initialisation seed, as in the paper).
@@ -58,6 +61,19 @@ class RunConfig:
       wire_dtype: element type of preprocessed images on the wire; ``uint8`` is lossy (1/255).
       transport: collective library for the exchange.
       sample_interval: seconds between queue-occupancy samples.
+      node_shm: assemble shared batches in node-shared memory (one copy per block within a
+        node); off: the MPI collectives themselves on every link.
+      cpu_monitor: the per-node CPU monitor: ``mpstat`` (sysstat), ``psutil``, ``auto`` (mpstat
+        where installed, else psutil) or ``none``.
+      monitor_interval: seconds between CPU samples (whole seconds: mpstat's unit).
+      power: energy sources, in order of preference for the headline figure: ``rapl``,
+        ``nvml``, ``slurm`` (sstat of the job step), ``external`` (a meter CSV), ``modelled``;
+        ``auto`` is external > slurm > rapl+nvml > modelled, whatever is available.
+      power_csv: an external meter's (timestamp, watts) CSV covering the cell.
+      idle_power: the idle-power file written by ``enspipe idle-power``; without it the idle
+        figure is the model's ``idle_watts`` (and says so).
+      idle_watts, watts_per_core: the power model: ``idle_watts + watts_per_core * busy cores``
+        per node. Its results are labelled ``modelled``.
     """
 
     data: str
@@ -72,6 +88,7 @@ class RunConfig:
     scheme: str = "baseline"
     preprocessors: int | None = None
     rate: float | None = None
+    rate_source: str | None = None
     seed: int = 0
     lrs: tuple[float, ...] = (0.01,)
     shuffle_buffer: int = 1024
@@ -81,6 +98,14 @@ class RunConfig:
     wire_dtype: str = "float32"
     transport: str = "mpi4py"
     sample_interval: float = 0.1
+    node_shm: bool = True
+    cpu_monitor: str = "auto"
+    monitor_interval: int = 1
+    power: tuple[str, ...] = ("auto",)
+    power_csv: str | None = None
+    idle_power: str | None = None
+    idle_watts: float = 50.0
+    watts_per_core: float = 10.0
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +148,31 @@ class RunConfig:
                  f"choose one of {', '.join(TRANSPORTS)}")
         _require(self.sample_interval > 0, "sample_interval", f"must be > 0, got {self.sample_interval}",
                  "pass seconds, e.g. 0.1")
+        _require(self.cpu_monitor in CPU_MONITORS, "cpu_monitor", f"unknown CPU monitor {self.cpu_monitor!r}",
+                 f"choose one of {', '.join(CPU_MONITORS)}")
+        if self.cpu_monitor == "mpstat":
+            import shutil
+
+            _require(shutil.which("mpstat") is not None, "cpu_monitor", "mpstat is not installed",
+                     "install sysstat (apt-get install sysstat), or pass --cpu-monitor auto or psutil")
+        _require(self.monitor_interval >= 1, "monitor_interval", f"must be >= 1 s, got {self.monitor_interval}",
+                 "mpstat samples in whole seconds: pass 1 or more")
+        bad = [p for p in self.power if p not in POWER_SOURCES]
+        _require(bool(self.power) and not bad, "power", f"unknown power source(s) {bad or '(none)'}",
+                 f"pass a comma list of {', '.join(POWER_SOURCES)}")
+        _require("auto" not in self.power or len(self.power) == 1, "power", "auto cannot be combined with other sources",
+                 "pass auto alone, or list the sources")
+        _require("external" not in self.power or self.power_csv is not None, "power_csv",
+                 "the external power source needs the meter's CSV", "pass --power-csv FILE")
+        _require(self.power_csv is None or os.path.isfile(self.power_csv), "power_csv",
+                 f"{self.power_csv!r} is not a file", "start the meter log first and pass its (timestamp, watts) CSV")
+        _require("modelled" not in self.power or self.cpu_monitor != "none", "power",
+                 "the modelled power needs the CPU monitor", "drop --cpu-monitor none")
+        _require(self.idle_power is None or os.path.isfile(self.idle_power), "idle_power",
+                 f"{self.idle_power!r} is not a file", "write it with `enspipe idle-power --out FILE`")
+        _require(self.idle_watts >= 0 and self.watts_per_core >= 0, "idle_watts",
+                 f"model parameters must be >= 0, got {self.idle_watts}, {self.watts_per_core}",
+                 "pass watts >= 0 for --idle-watts and --watts-per-core")
         _require(os.path.exists(self.data), "data", f"{self.data!r} does not exist",
                  "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")
 
@@ -142,5 +192,6 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["lrs"] = list(self.lrs)
+        d["power"] = list(self.power)
         d["batch_size"] = self.global_batch
         return d

@@ -13,6 +13,7 @@ its share of each batch before anything is parsed or decoded.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -147,6 +148,25 @@ def load_manifest(root: str) -> Manifest:
                         info=m.get("info"))
     except (KeyError, ValueError, TypeError) as e:
         raise DataError(f"{path}: malformed manifest ({e!r}); delete it to rescan, or regenerate the dataset") from None
+
+
+def stage_dataset(src: str, out: str) -> Manifest:
+    """The workflow's shared data stage for a user's dataset, leaving the source untouched: JPEG
+    class folders are packed into TF-Slim shards under ``out``; TFRecord shards are linked there.
+    Either way ``out`` gets a ``manifest.json`` (sample keys, hence the digest, are unchanged)."""
+    m = scan(src)
+    if m.kind == "jpeg_folders":
+        return write_jpeg_folders_as_shards(src, out)
+    os.makedirs(out, exist_ok=True)
+    for f in m.files:
+        dst = os.path.join(out, f)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.lexists(dst):
+            os.remove(dst)
+        os.symlink(os.path.abspath(os.path.join(src, f)), dst)
+    staged = dataclasses.replace(m, root=out)
+    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(staged))
+    return staged
 
 
 def manifest_dict(m: Manifest, shard_counts: list[int] | None = None) -> dict:

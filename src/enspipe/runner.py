@@ -72,6 +72,8 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     local_rank, local_size = local.Get_rank(), local.Get_size()
     local.Free()
     host = MPI.Get_processor_name()
+    os.makedirs(cfg.out, exist_ok=True)
+    monitor = _start_node_monitor(cfg, host) if local_rank == 0 else None  # before pinning: not on our cores
     cores, sharing_cores = assign_cores(available_cores(), cfg.cores, local_rank, local_size)
     affinity = pin_process(cores)
     threads = cfg.cores or len(cores)
@@ -86,8 +88,9 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     from enspipe.exchange import ExchangeEngine, Mpi4pyTransport
     from enspipe.networks import NETWORKS
     from enspipe.pipeline import Pipeline, quantizer
+    from enspipe import cpumon, threadcpu
+    from enspipe.measure import job_fields, write_power_table
 
-    os.makedirs(cfg.out, exist_ok=True)
     summary_path = os.path.join(cfg.out, SUMMARY)
     if rank == 0 and os.path.exists(summary_path):
         os.remove(summary_path)  # a rerun must not leave the old summary looking like its result
@@ -106,8 +109,9 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
 
     size = cfg.image_size
     wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
-    transport = Mpi4pyTransport(comm, scheme.groups(), (size, size, 3), wire)
-    engine = ExchangeEngine(scheme, rank, transport)
+    transport = Mpi4pyTransport(comm, scheme.groups(), (size, size, 3), wire, max_batch=cfg.global_batch,
+                                queue_depth=cfg.queue_depth, node_shm=cfg.node_shm, events=events)
+    engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt)
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
     seed_offset = 0 if scheme.shared else rank  # baseline members each have their own stream
@@ -122,12 +126,19 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     fault = _injected_fault(rank)
     step_times, waits, losses = [], [], []
     images = 0
+    slurm = _slurm_counter(cfg) if rank == 0 else None
     t_start = time.time()
+    if monitor:
+        monitor.mark("warmup_start", t_start)
     pipeline.start()
     t0 = cpu0 = None
     for step in range(cfg.total_steps):
         if step == cfg.warmup:
-            t0, cpu0, wall0 = time.perf_counter(), time.process_time(), time.time()
+            t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
+            comm0 = transport.stats.as_dict()
+            slurm_j0 = _read_slurm(slurm)
+            if monitor:
+                monitor.mark("measure_start", wall0)
             events.log("measure_start", step=step)
         if fault and fault[0] == step:
             _inject(fault[1], rank, step)
@@ -147,7 +158,11 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
                    measured=step >= cfg.warmup, queues=pipeline.occupancy(),
                    batch_digest=digest_of(batch.meta[:, 0]), **out)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
+    thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
+    slurm_j1 = _read_slurm(slurm)
     events.log("measure_end", step=cfg.total_steps)
+    if monitor:
+        monitor.mark("measure_end", wall1)
     pipeline.close()
     transport.close()
 
@@ -160,6 +175,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
         "learning_rate": cfg.lr_for(rank) if cfg.consumer == "train" else None,
         "images": images, "seconds": seconds, "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
+        "thread_cpu_seconds": thread_cpu,
         "step_time_p50": _percentile(step_times, 50), "step_time_p95": _percentile(step_times, 95),
         "wait_time_mean": float(np.mean(waits)) if waits else None,
         "queue_occupancy": pipeline.occupancy_stats(wall0, wall1),
@@ -167,22 +183,41 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "device": getattr(consumer, "device", None),
         "measured_window": {"start": wall0, "end": wall1}, "started": t_start,
-        **transport.stats.as_dict(),
+        "exchange_paths": {",".join(map(str, g)): p for g, p in transport.paths.items()},
+        # collectives in the measured window (the exchange stage runs up to a queue ahead of it)
+        **{k: v - comm0[k] for k, v in transport.stats.as_dict().items()},
     }
-    reports = comm.gather(report, root=0)
+    # the job's window: from the first member's measurement start to the last one's end
+    job_t0, job_t1 = comm.allreduce(wall0, op=MPI.MIN), comm.allreduce(wall1, op=MPI.MAX)
+    node = monitor.finish(job_t0, job_t1) if monitor else None
+    gathered = comm.gather((report, node), root=0)
     if rank == 0:
+        reports, nodes = [g[0] for g in gathered], [g[1] for g in gathered if g[1] is not None]
+        measured, power_rows = job_fields(
+            nodes, job_t0, job_t1, cfg.power, idle_watts=cfg.idle_watts, watts_per_core=cfg.watts_per_core,
+            idle_file=cfg.idle_power, power_csv=cfg.power_csv,
+            slurm_joules=slurm_j1 - slurm_j0 if slurm_j0 is not None and slurm_j1 is not None else None,
+            slurm_why=None if slurm else "not inside a Slurm job step with energy accounting")
+        cpumon.write_table(os.path.join(cfg.out, "cpu.csv"), [r for nd in nodes for r in nd["cpu_rows"]])
+        write_power_table(os.path.join(cfg.out, "power.csv"), power_rows)
         summary = {
             "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
             "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
-            "rate": cfg.rate, "batch_size": cfg.global_batch, "steps": cfg.steps, "warmup": cfg.warmup,
+            "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps, "warmup": cfg.warmup,
             "cores": cfg.cores, "image_size": size, "scheme": scheme.name, "n": n, "p": scheme.p,
-            "wire_dtype": cfg.wire_dtype, "transport": transport.name, "preprocessing": preprocessing,
+            "wire_dtype": cfg.wire_dtype, "transport": transport.name,
+            "preprocessing": preprocessing,
             "fast_mode": cfg.fast_mode, "seed": cfg.seed,
             "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                         "digest": manifest.digest, "synthetic": manifest.synthetic},
             "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
             "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
+            **measured,
             "ranks": reports,
+            "machine": _machine(tf),
+            "slurm": {k.lower()[6:]: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS",
+                                                              "SLURM_CPUS_PER_TASK", "SLURM_JOB_PARTITION")
+                      if k in os.environ} or None,
             "versions": {"enspipe": _version(), "tensorflow": tf.__version__, "python": platform.python_version(),
                          "mpi": MPI.Get_library_version().splitlines()[0].strip()},
             "finished": time.time(),
@@ -194,6 +229,30 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     events.close()
     comm.Barrier()
     return 0
+
+
+def _start_node_monitor(cfg: RunConfig, host: str):
+    from enspipe.cpumon import resolve_source
+    from enspipe.measure import NodeMonitor
+
+    return NodeMonitor(cfg.out, host, resolve_source(cfg.cpu_monitor), cfg.power, cfg.monitor_interval)
+
+
+def _slurm_counter(cfg: RunConfig):
+    from enspipe.power import PowerUnavailable, SlurmStepCounter
+
+    if cfg.power != ("auto",) and "slurm" not in cfg.power:
+        return None
+    try:
+        return SlurmStepCounter()
+    except (PowerUnavailable, OSError) as e:
+        if "slurm" in cfg.power:
+            raise PowerUnavailable(f"--power slurm: {e}") from None
+        return None
+
+
+def _read_slurm(counter) -> float | None:
+    return counter.read()["step"] if counter else None
 
 
 def _injected_fault(rank: int) -> tuple[int, str] | None:
@@ -211,6 +270,20 @@ def _inject(kind: str, rank: int, step: int) -> None:
 
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected fault at step {step}")
+
+
+def _machine(tf) -> dict:
+    """What the numbers were measured on (rank 0's node)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    gpus = [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
+            for d in tf.config.list_physical_devices("GPU")]
+    return {"node": platform.node(), "cpu_model": model, "cpus": os.cpu_count(),
+            "gpus": f"{len(gpus)}x {gpus[0]}" if gpus else None}
 
 
 def _version() -> str:

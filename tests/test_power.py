@@ -1,0 +1,222 @@
+"""Power backends on generated inputs (this machine has no RAPL, GPU or energy-gathering Slurm),
+energy integrals with known answers, and the labelling of the headline figure."""
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from enspipe import power
+from enspipe.measure import job_fields, preference
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def _zone(root, name, zone_name, uj, max_uj=1_000_000_000):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "name").write_text(zone_name + "\n")
+    (d / "energy_uj").write_text(f"{uj}\n")
+    (d / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return d
+
+
+@pytest.fixture
+def powercap(tmp_path):
+    """A fake /sys/class/powercap: two packages, a core and a dram subzone, and psys."""
+    root = tmp_path / "powercap"
+    _zone(root, "intel-rapl:0", "package-0", 990_000_000)  # 10 J before its wrap at 1000 J
+    _zone(root, "intel-rapl:0:0", "core", 5)
+    _zone(root, "intel-rapl:0:1", "dram", 1_000_000)
+    _zone(root, "intel-rapl:1", "package-1", 0)
+    _zone(root, "intel-rapl:2", "psys", 0)
+    return root
+
+
+def _set(root, name, uj):
+    (root / name / "energy_uj").write_text(f"{uj}\n")
+
+
+def test_rapl_reads_packages_and_dram_and_handles_the_wrap(powercap):
+    c = power.RaplCounter(str(powercap))
+    assert sorted(c.zones) == ["package-0", "package-0/dram", "package-1"]  # no core, no psys
+    first = c.read()
+    _set(powercap, "intel-rapl:0", 15_000_000)  # wrapped: 10 J to the wrap + 15 J after
+    _set(powercap, "intel-rapl:0:1", 3_000_000)
+    _set(powercap, "intel-rapl:1", 7_000_000)
+    second = c.read()
+    assert second["package-0"] - first["package-0"] == pytest.approx(25.0)
+    assert second["package-0/dram"] - first["package-0/dram"] == pytest.approx(2.0)
+    assert second["package-1"] - first["package-1"] == pytest.approx(7.0)
+
+
+def test_rapl_absent_or_unreadable_says_why(tmp_path, powercap):
+    with pytest.raises(power.PowerUnavailable, match="no RAPL zones"):
+        power.RaplCounter(str(tmp_path / "nothing"))
+    if os.geteuid() != 0:  # root reads anything
+        os.chmod(powercap / "intel-rapl:0" / "energy_uj", 0)
+        with pytest.raises(power.PowerUnavailable, match="root only"):
+            power.RaplCounter(str(powercap))
+
+
+def test_power_monitor_samples_and_window_energy(powercap):
+    c = power.RaplCounter(str(powercap))
+    samples = []
+    for k, t in enumerate([0.0, 1.0, 2.0, 3.0]):  # package-1 at a steady 40 W
+        _set(powercap, "intel-rapl:1", int(40e6 * k))
+        samples += [(t, "rapl", d, j) for d, j in c.read().items()]
+    e = power.counter_energy(samples, 0.5, 2.5)
+    assert e["rapl"]["package-1"] == pytest.approx(80.0)
+    rows = [r for r in power.counter_power_rows(samples, "h") if r["domain"] == "package-1"]
+    assert [r["watts"] for r in rows] == pytest.approx([40.0, 40.0, 40.0])
+
+
+class FakeNvml:
+    """Stands in for nvidia-ml-py's module (no GPU here); same calls, scripted readings."""
+
+    class NotSupported(Exception):
+        pass
+
+    def __init__(self, energy_mj=None, watts=None):
+        self.energy_mj, self.watts = energy_mj, watts
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        if self.energy_mj is None:
+            raise self.NotSupported("energy counter not supported")
+        return self.energy_mj
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self.watts * 1000
+
+
+def test_nvml_total_energy_counter():
+    nv = FakeNvml(energy_mj=5_000)
+    c = power.NvmlCounter(nv)
+    nv.energy_mj = 305_000
+    assert c.read() == {"gpu0": pytest.approx(305.0)}
+
+
+def test_nvml_without_counter_integrates_power(monkeypatch):
+    clock = iter([100.0, 102.0, 104.0])
+    monkeypatch.setattr(power.time, "time", lambda: next(clock))
+    nv = FakeNvml(watts=250.0)
+    c = power.NvmlCounter(nv)  # first reading at t=100
+    assert c.read()["gpu0"] == pytest.approx(500.0)
+    nv.watts = 350.0
+    assert c.read()["gpu0"] == pytest.approx(500.0 + 600.0)  # trapezoid 250 -> 350 W over 2 s
+
+
+def test_nvml_without_a_gpu_is_unavailable_with_a_reason():
+    counters, why = power.open_counters(["nvml"])
+    if counters:
+        pytest.skip("this machine has an NVML GPU")
+    assert "nvidia-ml-py is not installed" in why["nvml"] or "NVML" in why["nvml"]
+
+
+def test_slurm_energy_parsing_on_recorded_outputs():
+    with open(os.path.join(FIXTURES, "sstat-energy.txt")) as f:
+        assert power.parse_slurm_energy(f.read()) == pytest.approx(51234 + 48977)
+    with open(os.path.join(FIXTURES, "sacct-energy.txt")) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.split("|")[0] == "4211.0"]
+    assert power.parse_slurm_energy("\n".join(lines)) == 98214
+    assert power.parse_slurm_energy("0\n\n") is None  # no energy gathering on the cluster
+
+
+def test_slurm_outside_a_step_is_unavailable(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(power.PowerUnavailable, match="srun"):
+        power.SlurmStepCounter()
+
+
+def test_meter_csv_formats_and_energy(tmp_path):
+    iso = tmp_path / "iso.csv"
+    iso.write_text("timestamp,watts\n2026-11-22T10:00:00Z,100\n2026-11-22T10:00:10Z,200\n2026-11-22T10:00:20Z,200\n")
+    t, w = power.read_meter_csv(str(iso))
+    assert power.series_energy(t, w, t[0], t[0] + 20) == pytest.approx(1500 + 2000)
+    plain = tmp_path / "plain.csv"
+    plain.write_text("# meter 7\n1000.0,50\n1001.0,50\n1002.0,50\n")
+    t, w = power.read_meter_csv(str(plain))
+    assert power.series_energy(t, w, 1000.5, 1001.5) == pytest.approx(50.0)
+    with pytest.raises(power.PowerUnavailable, match="do not cover"):
+        power.series_energy(t, w, 900, 1001)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("watts,timestamp\nlots,yesterday\n")
+    with pytest.raises(power.PowerUnavailable, match="not \\(timestamp, watts\\)"):
+        power.read_meter_csv(str(bad))
+
+
+def test_modelled_power_and_energy_agree():
+    rows = [{"host": "a", "cpu": c, "t": float(k), "busy": b}
+            for k in range(1, 11) for c, b in (("0", 100.0), ("1", 50.0), ("all", 75.0))]
+    series = power.modelled_node_power(rows, 1.0, idle_watts=40, watts_per_core=10)
+    assert {r["watts"] for r in series} == {55.0} and all(r["source"] == "modelled" for r in series)
+    t = np.array([r["t"] for r in series])
+    w = np.array([r["watts"] for r in series])
+    assert power.series_energy(t, w, 2, 8) == pytest.approx(power.modelled_energy({"a": 9.0}, 6, 40, 10))
+
+
+def _node(host="a", cpu_s=10.0, counters=None):
+    return {"host": host, "interval": 1, "cpu_source": "mpstat",
+            "cpu_rows": [{"host": host, "cpu": "0", "t": 1.0, "busy": 50.0}],
+            "cpu": {"node_cpu_seconds": {host: cpu_s}, "per_core_busy_percent": {host: {"0": 50.0}}},
+            "counter_energy": counters or {}, "power_rows": [], "unavailable": {}}
+
+
+def test_headline_is_modelled_and_says_so_without_meters():
+    f, rows = job_fields([_node()], 0.0, 20.0, ("auto",), idle_watts=40, watts_per_core=10)
+    assert f["energy_source"] == "modelled" and f["energy_modelled"] is True
+    assert f["energy_joules"] == pytest.approx(40 * 20 + 10 * 10)
+    assert f["energy_above_idle_joules"] == pytest.approx(100.0)
+    assert f["mean_watts"] == pytest.approx(45.0) and "modelled" in f["idle_source"]
+    assert f["node_cpu_seconds_total"] == 10.0 and {r["source"] for r in rows} == {"modelled"}
+
+
+def test_measured_sources_win_and_idle_comes_from_the_idle_file(tmp_path):
+    idle = tmp_path / "idle.json"
+    idle.write_text(json.dumps({"watts": 30.0, "source": "rapl"}))
+    nodes = [_node("a", counters={"rapl": {"package-0": 900.0}, "nvml": {"gpu0": 2000.0}}),
+             _node("b", counters={"rapl": {"package-0": 1100.0}})]
+    f, _ = job_fields(nodes, 0.0, 10.0, ("auto",), idle_watts=40, watts_per_core=10, idle_file=str(idle))
+    assert f["energy_source"] == "rapl" and f["energy_joules"] == pytest.approx(2000.0)  # nvml: 1 of 2 nodes
+    assert "nvml" in f["energy_unavailable"] and f["energy_modelled"] is False
+    assert f["idle_watts"] == 60.0 and f["energy_above_idle_joules"] == pytest.approx(2000 - 600)
+    assert "rapl idle measurement" in f["idle_source"]
+    assert f["energy_by_source"]["modelled"] > 0  # still reported, beside the measured figure
+
+
+def test_rapl_and_nvml_add_up_and_external_meter_is_preferred(tmp_path):
+    nodes = [_node("a", counters={"rapl": {"package-0": 900.0}, "nvml": {"gpu0": 2000.0}})]
+    f, _ = job_fields(nodes, 0.0, 10.0, ("rapl", "nvml"), idle_watts=0, watts_per_core=0)
+    assert f["energy_source"] == "rapl+nvml" and f["energy_joules"] == 2900.0
+    meter = tmp_path / "m.csv"
+    meter.write_text("\n".join(f"{t},{500}" for t in range(-5, 16)))
+    f, rows = job_fields(nodes, 0.0, 10.0, ("auto",), idle_watts=0, watts_per_core=0, power_csv=str(meter))
+    assert f["energy_source"] == "external" and f["energy_joules"] == pytest.approx(5000.0)
+    assert any(r["source"] == "external" for r in rows)
+
+
+def test_preference_groups():
+    assert preference(("auto",))[0] == ("external",)
+    assert preference(("modelled", "rapl", "slurm", "nvml")) == (("modelled",), ("rapl", "nvml"), ("slurm",))
+
+
+def test_idle_power_command_on_this_machine(tmp_path):
+    from enspipe.measure import measure_idle_power
+
+    idle = measure_idle_power(str(tmp_path / "idle.json"), 0.3, ("auto",), None, idle_watts=42.0)
+    stored = json.loads((tmp_path / "idle.json").read_text())
+    assert stored == json.loads(json.dumps(idle))
+    if os.path.isdir("/sys/class/powercap") and any(n.startswith("intel-rapl") for n in os.listdir("/sys/class/powercap")):
+        pytest.skip("this machine has RAPL; the modelled fallback is not what it reports")
+    assert idle["source"] == "modelled" and idle["modelled"] and idle["watts"] == 42.0
+    assert set(idle["unavailable"]) >= {"rapl"}
