@@ -1,13 +1,15 @@
 # Two commands on a fresh machine with Python 3.11, pip and apt:
-#   make run    set up .venv and run the main job on the embedded default dataset
+#   make run    set up .venv and run the default workflow (config/config.yaml) end to end
 #   make test   set up .venv and run the test suite
+# and one to rerun a single cell of the default grid by its name (see `snakemake -n`):
+#   make cell CELL=alexnet_v2/all_shared/n2_p2/c1/emulated/rep0
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 
-.PHONY: run test bench clean-results
+.PHONY: run test bench cell clean-results
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +20,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES)
 
+cell: $(STAMP)
+	@test -n "$(CELL)" || { echo "make cell CELL=network/scheme/nN_pP/cC/consumer/repR"; exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES) -f results/runs/$(CELL)/summary.json
+
 test: $(STAMP)
 	$(BIN)/pytest
 
@@ -25,4 +31,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/preprocessing.py
 
 clean-results:
-	rm -rf results/runs results/dataset
+	rm -rf results/runs results/dataset results/calibration results/idle results/tables results/logs

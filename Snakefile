@@ -1,12 +1,21 @@
-# enspipe experiment workflow (minimal: the full cell grid, Slurm profile and figures are built on this).
+# enspipe experiment workflow: the shared data stage, calibration, idle power, one MPI job per
+# cell, and one tidy table of all cells. Configs in config/, rules in workflow/rules/.
+#   snakemake --cores 2                                     the embedded default, locally
+#   snakemake --profile slurm --configfile config/paper.yaml   the paper's grid on a cluster
+
+
 configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/calibration.smk"
+include: "workflow/rules/power.smk"
 include: "workflow/rules/cells.smk"
+include: "workflow/rules/collect.smk"
 
 
 rule all:
     input:
-        expand(CELL_SUMMARY, scheme=config["schemes"], allow_missing=True),
+        "results/tables/cells.csv",
     default_target: True

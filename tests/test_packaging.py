@@ -24,3 +24,13 @@ def test_environment_yml_matches_pyproject():
     wanted = {_norm(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
     assert pip_reqs == wanted
     assert project["requires-python"].startswith(">=3.11")
+
+
+def test_workflow_env_lists_the_runtime_requirements():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    with open(os.path.join(ROOT, "workflow", "envs", "enspipe.yaml")) as f:
+        env = yaml.safe_load(f)
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert {_norm(r) for r in pip} == {_norm(r) for r in project["dependencies"]}
+    assert "python=3.11" in env["dependencies"] and "sysstat" in env["dependencies"]

@@ -1,33 +1,53 @@
-rule dataset:
-    output:
-        manifest="results/dataset/manifest.json",
-    params:
-        num_images=config["dataset"]["num_images"],
-        seed=config["dataset"]["seed"],
-    log:
-        "results/logs/dataset.log",
-    threads: 1
-    resources:
-        mem_mb=2000,
-    shell:
-        "enspipe make-dataset --out results/dataset --num-images {params.num_images} "
-        "--seed {params.seed} > {log} 2>&1"
+# One MPI job per cell. Locally each takes every core, so measurements run one at a time.
+# n = 1 cells run without a launcher (a singleton MPI job), n > 1 under resources.mpi:
+# mpiexec locally, srun through the slurm profile (the Slurm executor rejects tasks = 1 with mpi).
 
 
-rule cell:
+rule cell_single:
     input:
-        manifest=rules.dataset.output.manifest,
+        unpack(cell_inputs),
     output:
-        summary=CELL_SUMMARY,
+        summary="results/runs/{network}/{scheme}/n1_p{p}/c{cores}/{consumer}/rep{rep}/summary.json",
     params:
-        args=cell_args,
-        n=config["n"],
-        outdir=lambda wc, output: output.summary.rsplit("/", 1)[0],
+        enspipe=ENSPIPE,
+        args=lambda wildcards, input: cell_args(wildcards, input, n=1),
+        out=lambda wildcards, output: os.path.dirname(output.summary),
+    conda:
+        ENV
     log:
-        f"results/logs/{config['network']}/{{scheme}}.log",
-    threads: workflow.cores
+        "results/logs/runs/{network}/{scheme}/n1_p{p}/c{cores}/{consumer}/rep{rep}.log",
+    threads: exclusive_threads
     resources:
-        mem_mb=4000,
+        cpus_per_task=cores_per_task,
+        mem_mb=SLURM.get("mem_mb_per_task", 4000),
+        runtime=SLURM.get("runtime", 30),
+        slurm_extra=slurm_extra,
     shell:
-        "mpiexec -n {params.n} enspipe run --data results/dataset --out {params.outdir} "
-        "{params.args} 2>&1 | tee {log}"
+        "{params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
+
+
+rule cell_mpi:
+    input:
+        unpack(cell_inputs),
+    output:
+        summary="results/runs/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}/summary.json",
+    wildcard_constraints:
+        n=r"[2-9]|[1-9][0-9]+",
+    params:
+        enspipe=ENSPIPE,
+        args=cell_args,
+        out=lambda wildcards, output: os.path.dirname(output.summary),
+    conda:
+        ENV
+    log:
+        "results/logs/runs/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}.log",
+    threads: exclusive_threads
+    resources:
+        tasks=lambda wildcards: int(wildcards.n),
+        mpi=config.get("mpi", {}).get("launcher", "mpiexec"),
+        cpus_per_task=cores_per_task,
+        mem_mb=lambda wildcards: int(wildcards.n) * SLURM.get("mem_mb_per_task", 4000),
+        runtime=SLURM.get("runtime", 30),
+        slurm_extra=slurm_extra,
+    shell:
+        "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"

@@ -1,21 +1,106 @@
+"""Configuration check and every helper of the workflow (the rules stay declarative)."""
+import os
 import shlex
+import sys
 
-CELL_SUMMARY = (
-    f"results/runs/{config['network']}/{{scheme}}/n{config['n']}/c{config['cores']}/"
-    f"{config['consumer']}/summary.json"
-)
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version, validate
+
+SRC = os.path.join(workflow.basedir, "src")
+sys.path.insert(0, SRC)
+from enspipe import grid  # noqa: E402
+
+min_version("9.0")
+
+# Rules run enspipe from this checkout's src/, in the active environment or in
+# workflow/envs/enspipe.yaml (--use-conda).
+ENSPIPE = f"env PYTHONPATH={shlex.quote(SRC)} python -m enspipe"
+ENV = "../envs/enspipe.yaml"
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+CELLS = grid.cells(config)
+CALIBRATIONS = grid.calibrations(config)
+DATASET = "results/dataset"
+RATES = "results/calibration/rates.json"
+IDLE = "results/idle/power.json"
+TABLE = "results/tables/cells.csv"
+SLURM = config.get("slurm", {})
 
 
 wildcard_constraints:
+    network="|".join(config["networks"]),
     scheme="baseline|all_shared|single_broadcast|multi_broadcast",
+    n=r"[1-9][0-9]*",
+    p=r"[1-9][0-9]*",
+    cores=r"all|[1-9][0-9]*",
+    consumer="train|emulated|peak",
+    rep=r"[0-9]+",
 
 
-def cell_args(wildcards):
-    """Command-line arguments of one cell, quoted for the shell."""
-    args = [
-        "--network", config["network"], "--batch-size", config["batch_size"],
-        "--image-size", config["image_size"], "--consumer", config["consumer"],
-        "--steps", config["steps"], "--warmup", config["warmup"], "--cores", config["cores"],
-        "--scheme", wildcards.scheme,
-    ]
-    return " ".join(shlex.quote(str(a)) for a in args)
+def cell_of(wildcards, n=None):
+    return grid.Cell(wildcards.network, wildcards.scheme, int(n or wildcards.n), int(wildcards.p),
+                     wildcards.cores, wildcards.consumer, int(wildcards.rep))
+
+
+def cell_inputs(wildcards):
+    """The data stage, the idle power, and the calibrated rates where the accelerator is emulated."""
+    inputs = {"manifest": f"{DATASET}/manifest.json", "idle": IDLE}
+    if wildcards.consumer == "emulated":
+        inputs["rates"] = RATES
+    return inputs
+
+
+def cell_args(wildcards, input, n=None):
+    """``enspipe run`` arguments of a cell, quoted for the shell."""
+    cell = cell_of(wildcards, n)
+    args = grid.run_args(config, cell, rate=0.0 if cell.consumer == "emulated" else None)
+    if cell.consumer == "emulated":  # the rate itself comes from the calibration file at run time
+        i = args.index("--rate")
+        args[i:i + 2] = ["--rate-from", input.rates]
+    return grid.shell_args(args + ["--data", DATASET, "--idle-power", input.idle])
+
+
+def cores_per_task(wildcards):
+    return SLURM.get("full_cores", 1) if wildcards.cores == "all" else int(wildcards.cores)
+
+
+def exclusive_threads(wildcards):
+    """Locally every core, so measurements run one at a time and never disturb each other; on a
+    cluster (no local core count) the job's own cores, its node being exclusive."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return cores_per_task(wildcards) if hasattr(wildcards, "cores") else 1
+
+
+def slurm_extra(wildcards):
+    return "--exclusive" if SLURM.get("exclusive", True) else ""
+
+
+def dataset_command():
+    d = config["dataset"]
+    if d.get("path"):
+        return f"{ENSPIPE} stage --data {shlex.quote(d['path'])} --out {DATASET}"
+    return (f"{ENSPIPE} make-dataset --out {DATASET} --num-images {int(d['num_images'])} "
+            f"--num-classes {int(d.get('num_classes', 100))} --seed {int(d.get('seed', 0))}")
+
+
+def calibration_args(wildcards):
+    cal = config.get("calibration", {})
+    cell = grid.Cell(wildcards.network, "baseline", 1, 1, wildcards.cores, "peak", 0)
+    args = grid.run_args(config | {"steps": cal.get("steps", 30), "warmup": cal.get("warmup", 5)}, cell)
+    return grid.shell_args(args + ["--data", DATASET])
+
+
+def calibration_summaries(wildcards=None):
+    return {f"{net}__c{cores}": f"results/calibration/{net}/c{cores}/summary.json" for net, cores in CALIBRATIONS}
+
+
+def idle_args():
+    p = config.get("power", {})
+    args = ["--seconds", str(p.get("idle_seconds", 10)), "--power", ",".join(p.get("sources", ["auto"])),
+            "--idle-watts", str(p.get("idle_watts", 50))]
+    if p.get("csv"):
+        args += ["--power-csv", str(p["csv"])]
+    return grid.shell_args(args)

@@ -1,0 +1,101 @@
+"""One tidy table of all cells: a row per cell summary, with what every later table and figure needs.
+
+Members' per-rank numbers are reduced to the cell (means, spreads, sums); every row keeps the
+labels that say where its numbers came from (``accelerator``: measured / emulated / none;
+``energy_source`` and ``energy_modelled``; ``cpu_source``) and on what machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from enspipe.grid import Cell
+
+COLUMNS = (
+    "cell", "network", "scheme", "n", "p", "cores", "consumer", "rep",
+    "accelerator", "emulated", "rate", "batch_size", "image_size", "steps", "warmup", "wire_dtype", "transport",
+    "exchange_path", "window_seconds",
+    "images_per_second_per_member", "images_per_second_min", "images_per_second_max",
+    "runtime_mean", "runtime_std", "runtime_min", "runtime_max", "step_time_p50", "wait_time_mean",
+    "process_cpu_seconds", "process_cpu_seconds_per_image", "node_cpu_seconds", "node_cpu_seconds_per_image",
+    "per_core_busy_mean", "cpu_source", "collective_cpu_seconds", "collective_seconds_mean", "bytes_sent",
+    "energy_joules", "energy_above_idle_joules", "mean_watts", "energy_source", "energy_modelled",
+    "idle_watts", "idle_source", "energy_modelled_joules",
+    "queue_preprocessing_mean", "queue_compute_mean", "epochs_exact", "hosts", "machine", "summary",
+)
+
+
+def cell_row(path: str, s: dict) -> dict:
+    """The table row of one cell's summary."""
+    cell = Cell.from_path(path)
+    ranks = s["ranks"]
+    rates = [r["images_per_second"] for r in ranks]
+    runtimes = [r["seconds"] for r in ranks]
+    images = float(np.mean([r["images"] for r in ranks]))  # delivered per member
+    node_cpu = s.get("node_cpu_seconds_total")
+    busy = [v for host in (s.get("per_core_busy_percent") or {}).values() for v in host.values()]
+    want = s["dataset"]["digest"]
+    done = [e for r in ranks for e in r["epochs"]]  # None: no member completed an epoch to check
+    exact = all(e["digest"] == want and e["missing"] == 0 for e in done) if done else None
+    paths = sorted({p for r in ranks for p in r.get("exchange_paths", {}).values()})
+    occ = [r.get("queue_occupancy") or {} for r in ranks]
+    return {
+        "cell": cell.name, "network": cell.network, "scheme": cell.scheme, "n": cell.n, "p": cell.p,
+        "cores": cell.cores, "consumer": cell.consumer, "rep": cell.rep,
+        "accelerator": s["accelerator"], "emulated": s["emulated"], "rate": s.get("rate"),
+        "batch_size": s["batch_size"], "image_size": s["image_size"], "steps": s["steps"], "warmup": s["warmup"],
+        "wire_dtype": s["wire_dtype"], "transport": s["transport"], "exchange_path": "+".join(paths) or "none",
+        "window_seconds": (s.get("measured_window") or {}).get("seconds"),
+        "images_per_second_per_member": s["images_per_second_per_member"],
+        "images_per_second_min": min(rates), "images_per_second_max": max(rates),
+        "runtime_mean": float(np.mean(runtimes)), "runtime_std": float(np.std(runtimes)),
+        "runtime_min": min(runtimes), "runtime_max": max(runtimes),
+        "step_time_p50": float(np.mean([r["step_time_p50"] for r in ranks])),
+        "wait_time_mean": float(np.mean([r["wait_time_mean"] for r in ranks])),
+        "process_cpu_seconds": s["cpu_seconds_total"],
+        "process_cpu_seconds_per_image": s["cpu_seconds_total"] / images / cell.n if images else None,
+        "node_cpu_seconds": node_cpu,
+        "node_cpu_seconds_per_image": node_cpu / images / cell.n if node_cpu is not None and images else None,
+        "per_core_busy_mean": float(np.mean(busy)) if busy else None, "cpu_source": s.get("cpu_source"),
+        "collective_cpu_seconds": float(sum(r["collective_cpu_seconds"] for r in ranks)),
+        "collective_seconds_mean": float(np.mean([r["collective_seconds"] for r in ranks])),
+        "bytes_sent": int(sum(r["bytes_sent"] for r in ranks)),
+        "energy_joules": s.get("energy_joules"), "energy_above_idle_joules": s.get("energy_above_idle_joules"),
+        "mean_watts": s.get("mean_watts"), "energy_source": s.get("energy_source"),
+        "energy_modelled": s.get("energy_modelled"), "idle_watts": s.get("idle_watts"),
+        "idle_source": s.get("idle_source"), "energy_modelled_joules": (s.get("energy_by_source") or {}).get("modelled"),
+        "queue_preprocessing_mean": _mean([o.get("preprocessing", {}).get("mean") for o in occ]),
+        "queue_compute_mean": _mean([o.get("compute", {}).get("mean") for o in occ]),
+        "epochs_exact": exact, "hosts": ",".join(sorted({r["host"] for r in ranks})),
+        "machine": _machine(s), "summary": path,
+    }
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else None
+
+
+def _machine(s: dict) -> str:
+    m = s.get("machine") or {}
+    return f"{m.get('cpu_model', '?')} ({m.get('cpus', '?')} CPUs), {m.get('gpus') or 'no GPU'}"
+
+
+def collect(paths: list[str]):
+    """The tidy table (a pandas DataFrame) of the given cell summaries, sorted by cell."""
+    import pandas as pd
+
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows.append(cell_row(path, json.load(f)))
+    return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("cell").reset_index(drop=True)
+
+
+def write_csv_atomic(df, path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, path)

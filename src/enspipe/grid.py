@@ -1,0 +1,129 @@
+"""The experiment grid: which cells a workflow config asks for, their paths and their arguments.
+
+A config (``config/*.yaml``, validated by ``workflow/schemas/config.schema.yaml``) names
+experiments, each a product of networks x schemes x n x p x core limits for one consumer, run
+``repeats`` times. :func:`cells` expands them into valid :class:`Cell` s only: P is the number
+of preprocessors where the scheme has one (single_broadcast needs 1 <= P < N, multi_broadcast
+1 <= P <= N) and N for baseline and All-Shared; a batch smaller than P is left out.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from enspipe.schemes import make_scheme
+
+RUNS = "results/runs"
+CELL_PATTERN = RUNS + "/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}/summary.json"
+CELL_RE = re.compile(r"results/runs/(?P<network>\w+)/(?P<scheme>\w+)/n(?P<n>\d+)_p(?P<p>\d+)/c(?P<cores>\d+|all)/"
+                     r"(?P<consumer>\w+)/rep(?P<rep>\d+)/summary\.json$")
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    network: str
+    scheme: str
+    n: int
+    p: int
+    cores: str  # a number of cores per member, or "all"
+    consumer: str
+    rep: int
+
+    @property
+    def path(self) -> str:
+        return CELL_PATTERN.format(**self.__dict__)
+
+    @property
+    def name(self) -> str:
+        """The short form: ``network/scheme/nN_pP/cC/consumer/repR``."""
+        return self.path[len(RUNS) + 1:-len("/summary.json")]
+
+    @classmethod
+    def from_path(cls, path: str) -> "Cell":
+        m = CELL_RE.search(path)
+        if not m:
+            raise ValueError(f"{path!r} is not a cell path like {CELL_PATTERN}")
+        d = m.groupdict()
+        return cls(d["network"], d["scheme"], int(d["n"]), int(d["p"]), d["cores"], d["consumer"], int(d["rep"]))
+
+
+def _cores(c) -> str:
+    return "all" if c in (None, "all") else str(int(c))
+
+
+def batch_size(config: dict, network: str) -> int:
+    return int(config["networks"][network]["batch_size"])
+
+
+def cells(config: dict) -> list[Cell]:
+    """Every valid cell of every experiment, without duplicates, in a stable order."""
+    out: set[Cell] = set()
+    for exp in config["experiments"].values():
+        for network in exp["networks"]:
+            batch = batch_size(config, network)
+            for scheme in exp["schemes"]:
+                for n in exp["n"]:
+                    ps = [n] if scheme in ("baseline", "all_shared") else exp.get("p", [])
+                    for p in ps:
+                        if not valid(scheme, n, p, batch):
+                            continue
+                        for cores in exp.get("cores", ["all"]):
+                            for rep in range(int(config.get("repeats", 1))):
+                                out.add(Cell(network, scheme, n, p, _cores(cores), exp["consumer"], rep))
+    return sorted(out)
+
+
+def valid(scheme: str, n: int, p: int, batch: int) -> bool:
+    try:
+        make_scheme(scheme, n, None if scheme in ("baseline", "all_shared") else p, batch)
+    except ValueError:
+        return False
+    return True
+
+
+def calibrations(config: dict) -> list[tuple[str, str]]:
+    """(network, cores) pairs whose preprocessing rate rp the grid needs: every core limit a
+    cell uses, and full cores wherever an emulated accelerator's rate is relative to rp."""
+    pairs = {(c.network, c.cores) for c in cells(config)}
+    pairs |= {(c.network, "all") for c in cells(config) if c.consumer == "emulated"}
+    return sorted(pairs)
+
+
+def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
+    """``enspipe run`` arguments for a cell (without --data/--out), every value a string."""
+    args = ["--network", cell.network, "--scheme", cell.scheme, "--consumer", cell.consumer,
+            "--batch-size", str(batch_size(config, cell.network)), "--image-size", str(config["image_size"]),
+            "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
+            "--seed", str(int(config.get("seed", 0)) + cell.rep),
+            "--monitor-interval", str(config.get("monitor_interval", 1))]
+    if cell.scheme in ("single_broadcast", "multi_broadcast"):
+        args += ["--preprocessors", str(cell.p)]
+    if cell.cores != "all":
+        args += ["--cores", cell.cores]
+    if cell.consumer == "emulated":
+        if rate is None:
+            raise ValueError(f"{cell.name}: the emulated consumer needs a rate")
+        args += ["--rate", f"{rate:.6g}"]
+    power = config.get("power", {})
+    args += ["--power", ",".join(power.get("sources", ["auto"])),
+             "--idle-watts", str(power.get("idle_watts", 50)), "--watts-per-core", str(power.get("watts_per_core", 10))]
+    if power.get("csv"):
+        args += ["--power-csv", str(power["csv"])]
+    return args
+
+
+def shell_args(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def accelerator_rate(config: dict, network: str, rp_full: float | None) -> tuple[float, str]:
+    """The emulated accelerator's rate rc for a network and where it came from: an absolute
+    ``rc`` (images/s, e.g. from a real accelerator's calibration), else ``rc_ratio`` times the
+    calibrated full-core preprocessing rate of one member."""
+    net = config["networks"][network]
+    if net.get("rc") is not None:
+        return float(net["rc"]), "configured rc (images/s)"
+    if rp_full is None:
+        raise ValueError(f"networks.{network}: rc_ratio needs the calibrated preprocessing rate")
+    return float(net["rc_ratio"]) * rp_full, f"rc_ratio {net['rc_ratio']} x calibrated rp {rp_full:.1f} images/s"

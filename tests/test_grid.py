@@ -1,0 +1,116 @@
+"""The experiment grid, its schema, calibration rates and the tidy table (no MPI)."""
+import json
+import os
+
+import jsonschema
+import pytest
+import yaml
+
+from enspipe import grid
+from enspipe.calibration import rates
+from enspipe.collect import COLUMNS, cell_row
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(name):
+    with open(os.path.join(ROOT, "config", f"{name}.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def _schema():
+    with open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+@pytest.mark.parametrize("name", ["config", "test", "paper"])
+def test_shipped_configs_are_valid(name):
+    jsonschema.validate(_config(name), _schema())
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"steps": 0}, "steps"),
+    ({"experiments": {"x": {"consumer": "gpu", "networks": ["vgg_a"], "schemes": ["baseline"], "n": [1]}}}, "consumer"),
+    ({"networks": {"resnet": {"batch_size": 8}}}, "resnet"),
+    ({"image_size": 8}, "image_size"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_schema_errors_name_the_key(change, where):
+    with pytest.raises(jsonschema.ValidationError) as e:
+        jsonschema.validate(_config("test") | change, _schema())
+    assert where in str(e.value)
+
+
+def test_only_valid_cells_are_generated():
+    cfg = {"networks": {"vgg_a": {"batch_size": 2}}, "repeats": 2,
+           "experiments": {"e": {"consumer": "peak", "networks": ["vgg_a"],
+                                 "schemes": ["baseline", "all_shared", "single_broadcast", "multi_broadcast"],
+                                 "n": [1, 3], "p": [1, 2, 3], "cores": [1, "all"]}}}
+    cells = grid.cells(cfg)
+    keys = {(c.scheme, c.n, c.p) for c in cells}
+    # SB needs P < N; MB P <= N; the all-shared batch of 2 cannot be split 3 ways; P = 3 neither
+    assert keys == {("baseline", 1, 1), ("baseline", 3, 3), ("all_shared", 1, 1), ("single_broadcast", 3, 1),
+                    ("single_broadcast", 3, 2), ("multi_broadcast", 1, 1), ("multi_broadcast", 3, 1),
+                    ("multi_broadcast", 3, 2)}
+    assert len(cells) == len(keys) * 2 * 2 and {c.cores for c in cells} == {"1", "all"}
+
+
+def test_cell_paths_round_trip_and_arguments():
+    cfg = _config("test")
+    for cell in grid.cells(cfg):
+        assert grid.Cell.from_path(cell.path) == cell
+        assert cell.path == f"results/runs/{cell.name}/summary.json"
+    cell = grid.Cell("alexnet_v2", "single_broadcast", 2, 1, "1", "emulated", 0)
+    args = grid.run_args(cfg, cell, rate=123.0)
+    assert args[args.index("--preprocessors") + 1] == "1" and args[args.index("--rate") + 1] == "123"
+    assert args[args.index("--cores") + 1] == "1" and args[args.index("--batch-size") + 1] == "16"
+    with pytest.raises(ValueError, match="not a cell path"):
+        grid.Cell.from_path("results/runs/x/summary.json")
+
+
+def test_paper_grid_has_the_papers_cells():
+    cells = grid.cells(_config("paper"))
+    peak = [c for c in cells if c.consumer == "peak"]
+    assert {c.n for c in peak} == set(range(5, 151, 5))
+    assert {c.p for c in peak if c.scheme == "single_broadcast"} == {5, 20}
+    assert not [c for c in peak if c.scheme == "single_broadcast" and c.p >= c.n]
+    train = [c for c in cells if c.consumer == "train" and c.n > 1]
+    assert {c.cores for c in train} == {"1", "2", "4", "8", "16"} and {c.n for c in train} == {10, 20, 30, 40, 50}
+
+
+def test_accelerator_rate_relative_or_absolute(tmp_path):
+    cfg = {"networks": {"alexnet_v2": {"batch_size": 8, "rc_ratio": 1.3}, "vgg_a": {"batch_size": 8, "rc": 35.4}}}
+    paths = {}
+    for (net, cores), rp in {("alexnet_v2", "all"): 200.0, ("alexnet_v2", "1"): 120.0}.items():
+        p = tmp_path / f"{net}-{cores}.json"
+        p.write_text(json.dumps({"images_per_second_per_member": rp, "machine": {"cpus": 2}}))
+        paths[(net, cores)] = str(p)
+    r = rates(cfg, paths)
+    assert r["networks"]["alexnet_v2"]["rc"] == pytest.approx(260.0)
+    assert r["networks"]["alexnet_v2"]["rp"] == {"1": 120.0, "all": 200.0}
+    assert "rc_ratio 1.3" in r["networks"]["alexnet_v2"]["rc_source"]
+    assert r["networks"]["vgg_a"]["rc"] == 35.4 and "configured" in r["networks"]["vgg_a"]["rc_source"]
+
+
+def test_tidy_row_of_a_summary():
+    s = {"accelerator": "emulated", "emulated": True, "rate": 50.0, "batch_size": 8, "image_size": 64, "steps": 4,
+         "warmup": 1, "wire_dtype": "float32", "transport": "mpi4py", "measured_window": {"seconds": 2.0},
+         "images_per_second_per_member": 15.0, "cpu_seconds_total": 4.0, "node_cpu_seconds_total": 4.4,
+         "per_core_busy_percent": {"h": {"0": 90.0, "1": 20.0}}, "cpu_source": "mpstat",
+         "energy_joules": 250.0, "energy_above_idle_joules": 50.0, "mean_watts": 125.0, "energy_source": "modelled",
+         "energy_modelled": True, "idle_watts": 100.0, "idle_source": "modelled (idle_watts parameter)",
+         "energy_by_source": {"modelled": 250.0}, "dataset": {"digest": "ab"},
+         "machine": {"cpu_model": "X", "cpus": 2, "gpus": None},
+         "ranks": [{"images_per_second": r, "seconds": 2.0 + i, "images": 32, "step_time_p50": 0.5,
+                    "wait_time_mean": 0.1, "collective_cpu_seconds": 0.1, "collective_seconds": 0.2,
+                    "bytes_sent": 10, "host": "h", "exchange_paths": {"0,1": "node-shm"},
+                    "queue_occupancy": {"compute": {"mean": 0.5}, "preprocessing": {"mean": 1.0}},
+                    "epochs": [{"epoch": 0, "count": 20, "digest": "ab", "missing": 0}]}
+                   for i, r in enumerate((10.0, 20.0))]}
+    row = cell_row("results/runs/vgg_a/all_shared/n2_p2/c1/emulated/rep0/summary.json", s)
+    assert set(row) == set(COLUMNS)
+    assert (row["network"], row["scheme"], row["n"], row["cores"], row["rep"]) == ("vgg_a", "all_shared", 2, "1", 0)
+    assert row["node_cpu_seconds_per_image"] == pytest.approx(4.4 / 32 / 2)
+    assert row["runtime_mean"] == 2.5 and row["runtime_max"] == 3.0 and row["per_core_busy_mean"] == 55.0
+    assert row["epochs_exact"] is True and row["exchange_path"] == "node-shm" and row["energy_modelled"] is True
+    assert row["machine"] == "X (2 CPUs), no GPU"

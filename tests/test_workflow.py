@@ -1,0 +1,116 @@
+"""The Snakemake workflow: lint, dry runs, a full local run of config/test.yaml, a rerun of one
+cell by its target name, and the same grid through a real Slurm cluster where one is up
+(`.ci/slurm-up` starts a one-node cluster on localhost; CI does)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from enspipe import grid
+
+pytestmark = pytest.mark.workflow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+SNAKEMAKE = os.path.join(BIN, "snakemake")
+
+
+def snakemake(*args, workdir=None, timeout=1200):
+    cmd = [SNAKEMAKE, "-s", os.path.join(ROOT, "Snakefile"), *map(str, args)]
+    if workdir is not None:
+        cmd += ["--directory", str(workdir)]
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _config(name):
+    with open(os.path.join(ROOT, "config", f"{name}.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def test_lint_is_clean():
+    r = snakemake("--lint")
+    assert r.returncode == 0 and "Lints for" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ["config", "paper"])
+def test_dry_run_lists_every_cell(tmp_path, name):
+    t = time.monotonic()
+    r = snakemake("-n", "--quiet", "rules", "--configfile", os.path.join(ROOT, "config", f"{name}.yaml"),
+                  workdir=tmp_path)
+    elapsed = time.monotonic() - t
+    assert r.returncode == 0, r.stderr
+    cells = grid.cells(_config(name))
+    counts = {line.split()[0]: int(line.split()[1]) for line in r.stdout.splitlines()
+              if len(line.split()) == 2 and line.split()[1].isdigit()}
+    assert counts.get("cell_single", 0) + counts.get("cell_mpi", 0) == len(cells)
+    assert elapsed < 60  # the paper's ~1200 cells resolve in seconds (generous bound for slow CI)
+
+
+def test_a_bad_config_fails_naming_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_config("test") | {"steps": 0}))
+    r = snakemake("-n", "--configfile", bad, workdir=tmp_path / "wd")
+    assert r.returncode != 0 and "instance['steps']" in r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("local")
+    r = snakemake("--cores", "2", "--configfile", os.path.join(ROOT, "config", "test.yaml"), workdir=wd)
+    return wd, r
+
+
+def test_local_run_of_the_test_grid(local_run):
+    wd, r = local_run
+    assert r.returncode == 0, r.stderr[-4000:]
+    table = pd.read_csv(wd / "results" / "tables" / "cells.csv")
+    cells = grid.cells(_config("test"))
+    assert sorted(table["cell"]) == sorted(c.name for c in cells)
+    assert table["epochs_exact"].all()
+    assert (table["node_cpu_seconds"] > 0).all() and table["energy_source"].notna().all()
+    emulated = table[table["consumer"] == "emulated"]
+    assert emulated["accelerator"].eq("emulated").all() and (emulated["rate"] > 0).all()
+    assert (wd / "results" / "calibration" / "rates.json").exists() and (wd / "results" / "idle" / "power.json").exists()
+    one = cells[0]
+    assert (wd / one.path).exists() and list((wd / os.path.dirname(one.path)).glob("mpstat.*.json"))
+
+
+def test_one_cell_reruns_by_its_target_name(local_run):
+    wd, r = local_run
+    assert r.returncode == 0
+    cell = next(c for c in grid.cells(_config("test")) if c.n == 2)
+    before = os.path.getmtime(wd / cell.path)
+    rr = snakemake("--cores", "2", "--configfile", os.path.join(ROOT, "config", "test.yaml"), "-f", cell.path,
+                   workdir=wd)
+    assert rr.returncode == 0, rr.stderr[-3000:]
+    assert os.path.getmtime(wd / cell.path) > before
+    assert "1 of 1 steps" in rr.stderr  # that cell alone
+
+
+def _slurm_up() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    return r.returncode == 0 and any(s in r.stdout for s in ("idle", "mixed"))
+
+
+@pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster here (.ci/slurm-up starts one on localhost)")
+def test_slurm_profile_runs_the_test_grid(tmp_path):
+    # the localhost cluster keeps no accounting database: account and status come from squeue
+    r = snakemake("--profile", "slurm", "--configfile", os.path.join(ROOT, "config", "test.yaml"),
+                  "--slurm-no-account", "--slurm-status-command", "squeue", workdir=tmp_path, timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    table = pd.read_csv(tmp_path / "results" / "tables" / "cells.csv")
+    assert len(table) == len(grid.cells(_config("test"))) and table["epochs_exact"].all()
+    for path in table["summary"]:  # every cell ran as a Slurm job; MPI cells as a step of n tasks
+        with open(tmp_path / path) as f:
+            s = json.load(f)
+        assert s["slurm"] and s["slurm"]["job_id"], path
+        if s["n"] > 1:
+            assert s["slurm"]["ntasks"] == str(s["n"]) and "step_id" in s["slurm"]

@@ -1,0 +1,37 @@
+rule calibrate:
+    """One member's preprocessing rate rp for a network and core limit (baseline, n = 1, peak)."""
+    input:
+        manifest="results/dataset/manifest.json",
+    output:
+        summary="results/calibration/{network}/c{cores}/summary.json",
+    params:
+        enspipe=ENSPIPE,
+        args=calibration_args,
+        out=lambda wildcards, output: os.path.dirname(output.summary),
+    conda:
+        ENV
+    log:
+        "results/logs/calibration/{network}/c{cores}.log",
+    threads: exclusive_threads  # alone on the machine, like every measurement
+    resources:
+        cpus_per_task=cores_per_task,
+        mem_mb=SLURM.get("mem_mb_per_task", 4000),
+        runtime=SLURM.get("runtime", 30),
+        slurm_extra=slurm_extra,
+    shell:
+        "{params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
+
+
+rule rates:
+    """rp per network and core limit, and the emulated accelerator's rc per network."""
+    input:
+        **calibration_summaries(),
+    output:
+        rates="results/calibration/rates.json",
+    conda:
+        ENV
+    log:
+        "results/logs/calibration/rates.log",
+    localrule: True
+    script:
+        "../scripts/rates.py"

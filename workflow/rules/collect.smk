@@ -1,0 +1,13 @@
+rule collect:
+    """One tidy table of all cells (results/tables/cells.csv)."""
+    input:
+        summaries=[cell.path for cell in CELLS],
+    output:
+        table="results/tables/cells.csv",
+    conda:
+        ENV
+    log:
+        "results/logs/collect.log",
+    localrule: True
+    script:
+        "../scripts/collect.py"
