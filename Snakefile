@@ -18,4 +18,5 @@ include: "workflow/rules/collect.smk"
 rule all:
     input:
         "results/tables/cells.csv",
+        "results/calibration/rates.json",
     default_target: True

@@ -114,3 +114,15 @@ def test_tidy_row_of_a_summary():
     assert row["runtime_mean"] == 2.5 and row["runtime_max"] == 3.0 and row["per_core_busy_mean"] == 55.0
     assert row["epochs_exact"] is True and row["exchange_path"] == "node-shm" and row["energy_modelled"] is True
     assert row["machine"] == "X (2 CPUs), no GPU"
+
+
+def test_measured_rc_is_used_for_trained_networks(tmp_path):
+    cfg = {"networks": {"vgg_a": {"batch_size": 8}, "alexnet_v2": {"batch_size": 8, "rc": 656.0}},
+           "experiments": {"t": {"consumer": "train", "networks": ["vgg_a", "alexnet_v2"], "schemes": ["baseline"],
+                                 "n": [1]}}}
+    assert grid.trained_networks(cfg) == ["vgg_a"]  # alexnet_v2's rc is typed in
+    m = tmp_path / "rc.json"
+    m.write_text(json.dumps({"rc": 154.0, "device": "GPU"}))
+    r = rates(cfg, {}, {"vgg_a": str(m)})
+    assert r["networks"]["vgg_a"]["rc"] == 154.0 and "GPU" in r["networks"]["vgg_a"]["rc_source"]
+    assert r["networks"]["alexnet_v2"]["rc"] == 656.0

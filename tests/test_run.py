@@ -77,3 +77,12 @@ def test_skip_corrupt_skips_and_counts(bad_jpeg_dataset, tmp_path):
     rank = summary(tmp_path)["ranks"][0]
     assert key in rank["skipped"]
     assert rank["epochs"][0]["count"] == 11 and rank["epochs"][0]["missing"] == 1
+
+
+def test_calibrate_rc_measures_real_training_steps(tmp_path):
+    out = tmp_path / "rc.json"
+    r = enspipe("calibrate-rc", "--network", "tiny", "--batch-size", "8", "--image-size", "32", "--steps", "3",
+                "--warmup", "1", "--num-classes", "10", "--out", out)
+    assert r.returncode == 0, r.stderr
+    rc = json.loads(out.read_text())
+    assert rc["rc"] > 0 and rc["device"] in ("CPU", "GPU") and rc["steps"] == 3

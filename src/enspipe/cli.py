@@ -1,4 +1,4 @@
-"""``enspipe`` command line: make-dataset, convert, index, stage, run, idle-power.
+"""``enspipe`` command line: make-dataset, convert, index, stage, run, calibrate-rc, idle-power.
 
 Arguments are validated before any MPI or TensorFlow work: a bad one exits 2 with a message
 that names the option and the fix.
@@ -102,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--idle-power", default=None, help="idle-power file from `enspipe idle-power`")
     _add_power_options(r)
 
+    rc = sub.add_parser("calibrate-rc", help="measure the accelerator's training rate rc on a fixed batch",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    rc.add_argument("--network", required=True, choices=list(NETWORKS))
+    rc.add_argument("--batch-size", type=_positive_int, default=None, help="default: the network's")
+    rc.add_argument("--image-size", type=_positive_int, default=224)
+    rc.add_argument("--steps", type=_positive_int, default=50)
+    rc.add_argument("--warmup", type=_positive_int, default=5)
+    rc.add_argument("--num-classes", type=_positive_int, default=1000)
+    rc.add_argument("--out", required=True, help="the JSON file to write")
+
     ip = sub.add_parser("idle-power", help="measure this node's idle power and store it for energy above idle",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ip.add_argument("--out", required=True, help="the idle-power JSON file to write")
@@ -180,6 +190,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         write_json_atomic(os.path.join(a.data, MANIFEST), manifest_dict(m))
         print(f"enspipe: {m.num_images} images, {m.num_classes} classes, digest {m.digest}")
+        return 0
+    if a.command == "calibrate-rc":
+        if a.steps < 1 or a.batch_size == 0 or not 32 <= a.image_size <= 1024:
+            parser.error("--steps, --batch-size and --image-size: need steps >= 1, a batch >= 1, 32 <= size <= 1024")
+        from enspipe.calibration import measure_accelerator_rate
+        from enspipe.data import write_json_atomic
+        from enspipe.networks import NETWORKS
+
+        r = measure_accelerator_rate(a.network, a.batch_size or NETWORKS[a.network].batch_size, a.image_size,
+                                     a.steps, a.warmup, max(2, a.num_classes))
+        write_json_atomic(a.out, r)
+        print(f"enspipe: rc = {r['rc']:.1f} images/s for {a.network} on {r['device']} -> {a.out}")
         return 0
     if a.command == "idle-power":
         from enspipe.measure import measure_idle_power

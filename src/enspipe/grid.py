@@ -90,6 +90,13 @@ def calibrations(config: dict) -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
+def trained_networks(config: dict) -> list[str]:
+    """Networks trained for real somewhere in the grid whose rc is not configured: their rc is
+    measured (``enspipe calibrate-rc``) on the accelerator the cells train on."""
+    nets = {c.network for c in cells(config) if c.consumer == "train"}
+    return sorted(n for n in nets if config["networks"][n].get("rc") is None)
+
+
 def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
     """``enspipe run`` arguments for a cell (without --data/--out), every value a string."""
     args = ["--network", cell.network, "--scheme", cell.scheme, "--consumer", cell.consumer,

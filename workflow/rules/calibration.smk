@@ -22,6 +22,27 @@ rule calibrate:
         "{params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
 
 
+rule calibrate_rc:
+    """The accelerator's training rate rc where cells train for real (fixed batch, no pipeline)."""
+    output:
+        rc="results/calibration/{network}/rc.json",
+    params:
+        enspipe=ENSPIPE,
+        args=rc_args,
+    conda:
+        ENV
+    log:
+        "results/logs/calibration/{network}/rc.log",
+    threads: exclusive_threads
+    resources:
+        cpus_per_task=SLURM.get("full_cores", 1),
+        mem_mb=SLURM.get("mem_mb_per_task", 4000),
+        runtime=SLURM.get("runtime", 30),
+        slurm_extra=slurm_extra,
+    shell:
+        "{params.enspipe} calibrate-rc {params.args} --out {output.rc} > {log} 2>&1"
+
+
 rule rates:
     """rp per network and core limit, and the emulated accelerator's rc per network."""
     input:
@@ -32,6 +53,10 @@ rule rates:
         ENV
     log:
         "results/logs/calibration/rates.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
     localrule: True
     script:
         "../scripts/rates.py"

@@ -8,6 +8,10 @@ rule collect:
         ENV
     log:
         "results/logs/collect.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
     localrule: True
     script:
         "../scripts/collect.py"

@@ -21,6 +21,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 CELLS = grid.cells(config)
 CALIBRATIONS = grid.calibrations(config)
+RC_MEASURED = grid.trained_networks(config)
 DATASET = "results/dataset"
 RATES = "results/calibration/rates.json"
 IDLE = "results/idle/power.json"
@@ -94,7 +95,17 @@ def calibration_args(wildcards):
 
 
 def calibration_summaries(wildcards=None):
-    return {f"{net}__c{cores}": f"results/calibration/{net}/c{cores}/summary.json" for net, cores in CALIBRATIONS}
+    """Inputs of the rates: rp runs (``net__cC``) and accelerator measurements (``rc__net``)."""
+    runs = {f"{net}__c{cores}": f"results/calibration/{net}/c{cores}/summary.json" for net, cores in CALIBRATIONS}
+    return runs | {f"rc__{net}": f"results/calibration/{net}/rc.json" for net in RC_MEASURED}
+
+
+def rc_args(wildcards):
+    cal = config.get("calibration", {})
+    args = ["--network", wildcards.network, "--batch-size", str(grid.batch_size(config, wildcards.network)),
+            "--image-size", str(config["image_size"]), "--steps", str(cal.get("steps", 30)),
+            "--warmup", str(cal.get("warmup", 5))]
+    return grid.shell_args(args)
 
 
 def idle_args():

@@ -9,7 +9,9 @@ from enspipe.data import write_json_atomic
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
-    summaries = {tuple(k.split("__c")): v for k, v in snakemake.input.items()}  # noqa: F821
-    out = rates(snakemake.config, summaries)  # noqa: F821
+    inputs = dict(snakemake.input.items())  # noqa: F821
+    measured = {k[len("rc__"):]: v for k, v in inputs.items() if k.startswith("rc__")}
+    summaries = {tuple(k.split("__c")): v for k, v in inputs.items() if not k.startswith("rc__")}
+    out = rates(snakemake.config, summaries, measured)  # noqa: F821
     write_json_atomic(snakemake.output.rates, out)  # noqa: F821
     print(json.dumps(out, indent=1), file=log)
