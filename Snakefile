@@ -13,10 +13,14 @@ include: "workflow/rules/calibration.smk"
 include: "workflow/rules/power.smk"
 include: "workflow/rules/cells.smk"
 include: "workflow/rules/collect.smk"
+include: "workflow/rules/figures.smk"
 
 
 rule all:
     input:
         "results/tables/cells.csv",
         "results/calibration/rates.json",
+        "results/figures/fig10_peak_throughput.png",
+        "results/figures/fig12_cpu_reduction.png",
+        "results/figures/table3_slowdown_1core.md",
     default_target: True

@@ -77,6 +77,7 @@ def test_local_run_of_the_test_grid(local_run):
     emulated = table[table["consumer"] == "emulated"]
     assert emulated["accelerator"].eq("emulated").all() and (emulated["rate"] > 0).all()
     assert (wd / "results" / "calibration" / "rates.json").exists() and (wd / "results" / "idle" / "power.json").exists()
+    assert (wd / "results" / "figures" / "fig12_cpu_reduction.md").exists()
     one = cells[0]
     assert (wd / one.path).exists() and list((wd / os.path.dirname(one.path)).glob("mpstat.*.json"))
 

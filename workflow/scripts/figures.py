@@ -1,0 +1,11 @@
+"""Snakemake script: results/tables/cells.csv -> results/figures/."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(snakemake.scriptdir, "..", "..", "src"))  # noqa: F821
+from enspipe.figures import render
+
+with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
+    sys.stderr = log
+    stems = render(snakemake.input.table, snakemake.input.rates, "results/figures")  # noqa: F821
+    print("\n".join(stems), file=log)
