@@ -2,7 +2,6 @@
 energy integrals with known answers, and the labelling of the headline figure."""
 import json
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest

@@ -3,7 +3,6 @@ import json
 import os
 
 import numpy as np
-import pytest
 
 from conftest import enspipe, manifest, summary, with_option
 

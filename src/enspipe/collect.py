@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from enspipe.atomic import atomic_open
 from enspipe.grid import Cell
 
 COLUMNS = (
@@ -96,6 +97,5 @@ def collect(paths: list[str]):
 
 def write_csv_atomic(df, path: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    with atomic_open(path, newline="") as f:
+        df.to_csv(f, index=False)

@@ -25,6 +25,8 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
+from enspipe.atomic import write_csv_atomic, write_json_atomic
+
 FIELDS = ("usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle")
 COLUMNS = ("host", "cpu", "t", *FIELDS, "busy", "source")
 SOURCES = ("mpstat", "psutil")
@@ -79,8 +81,6 @@ class CpuMonitor:
         self._write_marks()
 
     def _write_marks(self) -> None:
-        from enspipe.data import write_json_atomic
-
         write_json_atomic(self.marks_path, self.marks)
 
     def stop(self, linger: float | None = None) -> None:
@@ -236,11 +236,4 @@ def _cpu_key(cpu: str):
 
 def write_table(path: str, rows: list[dict]) -> None:
     """The tidy CPU table as CSV, written atomically."""
-    import csv
-
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+    write_csv_atomic(path, rows, COLUMNS)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from enspipe.atomic import write_json_atomic  # noqa: F401 - re-exported: callers import it from here
+
 MANIFEST = "manifest.json"
 _ID_BUCKETS = 2**63 - 1
 _MASK64 = (1 << 64) - 1
@@ -69,17 +71,6 @@ class Manifest:
 
     def paths(self) -> list[str]:
         return [os.path.join(self.root, f) for f in self.files]
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Write JSON so that ``path`` either does not exist or is complete."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _tfrecord_shards(root: str) -> list[str]:

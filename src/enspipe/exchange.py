@@ -11,7 +11,7 @@ buffer-based (uppercase) non-blocking calls on communicators built once per run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -206,7 +206,6 @@ class Mpi4pyTransport:
     def close(self) -> None:
         for w in self.windows.values():
             w.free()
-            w.node.Free()
         for c in self.comms.values():
             c.Free()
         self.comms, self.windows = {}, {}

@@ -85,8 +85,9 @@ def valid(scheme: str, n: int, p: int, batch: int) -> bool:
 def calibrations(config: dict) -> list[tuple[str, str]]:
     """(network, cores) pairs whose preprocessing rate rp the grid needs: every core limit a
     cell uses, and full cores wherever an emulated accelerator's rate is relative to rp."""
-    pairs = {(c.network, c.cores) for c in cells(config)}
-    pairs |= {(c.network, "all") for c in cells(config) if c.consumer == "emulated"}
+    every = cells(config)
+    pairs = {(c.network, c.cores) for c in every}
+    pairs |= {(c.network, "all") for c in every if c.consumer == "emulated"}
     return sorted(pairs)
 
 

@@ -8,13 +8,12 @@ meter) into the summary's fields (:func:`job_fields`) and the tidy ``cpu.csv`` a
 """
 from __future__ import annotations
 
-import csv
 import json
-import os
 import socket
 import time
 
 from enspipe import cpumon, power
+from enspipe.atomic import write_csv_atomic, write_json_atomic
 
 POWER_COLUMNS = ("t", "host", "source", "domain", "watts")
 AUTO_ORDER = (("external",), ("slurm",), ("rapl", "nvml"), ("modelled",))
@@ -148,12 +147,7 @@ def job_fields(nodes: list[dict], t0: float, t1: float, requested: tuple[str, ..
 
 
 def write_power_table(path: str, rows: list[dict]) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=POWER_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+    write_csv_atomic(path, rows, POWER_COLUMNS)
 
 
 def measure_idle_power(out: str, seconds: float, requested: tuple[str, ...], power_csv: str | None,
@@ -162,8 +156,6 @@ def measure_idle_power(out: str, seconds: float, requested: tuple[str, ...], pow
 
     Uses the first available of the requested sources (as for a cell); where nothing can be
     measured the stored figure is the model's ``idle_watts``, labelled ``modelled``."""
-    from enspipe.data import write_json_atomic
-
     host = socket.gethostname()
     groups = preference(requested)
     names = [s for s in power.COUNTER_SOURCES if any(s in g for g in groups)]
@@ -184,7 +176,7 @@ def measure_idle_power(out: str, seconds: float, requested: tuple[str, ...], pow
         except power.PowerUnavailable as e:
             why["external"] = str(e)
     by_source["modelled"] = idle_watts
-    if "slurm" in names:
+    if any("slurm" in g for g in groups):  # job-step energy includes the job: not an idle figure
         why["slurm"] = "use a measured node source for idle power"
     group = next(g for g in groups + (("modelled",),) if any(s in by_source for s in g))
     used = [s for s in group if s in by_source]

@@ -205,14 +205,19 @@ class PowerMonitor:
         self._sample()
 
 
-def counter_energy(samples: list[tuple[float, str, str, float]], t0: float, t1: float) -> dict[str, dict[str, float]]:
-    """Joules per (source, domain) in [t0, t1], the cumulative counters interpolated at the edges."""
+def _by_domain(samples) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """``{(source, domain): [(t, joules), ...] in time order}`` from PowerMonitor samples."""
     series: dict[tuple[str, str], list] = {}
     for t, source, domain, joules in samples:
         series.setdefault((source, domain), []).append((t, joules))
+    return {k: sorted(v) for k, v in series.items()}
+
+
+def counter_energy(samples: list[tuple[float, str, str, float]], t0: float, t1: float) -> dict[str, dict[str, float]]:
+    """Joules per (source, domain) in [t0, t1], the cumulative counters interpolated at the edges."""
     out: dict[str, dict[str, float]] = {}
-    for (source, domain), pts in series.items():
-        t, j = (np.array(c) for c in zip(*sorted(pts)))
+    for (source, domain), pts in _by_domain(samples).items():
+        t, j = (np.array(c) for c in zip(*pts))
         if len(t) < 2 or t[0] > t0 + 1e-6 and t[-1] < t1:
             continue
         a, b = np.interp([t0, t1], t, j)
@@ -222,12 +227,8 @@ def counter_energy(samples: list[tuple[float, str, str, float]], t0: float, t1: 
 
 def counter_power_rows(samples, host: str) -> list[dict]:
     """Watts between consecutive counter samples, per domain (for the power-over-time figure)."""
-    series: dict[tuple[str, str], list] = {}
-    for t, source, domain, joules in samples:
-        series.setdefault((source, domain), []).append((t, joules))
     rows = []
-    for (source, domain), pts in series.items():
-        pts.sort()
+    for (source, domain), pts in _by_domain(samples).items():
         for (ta, ja), (tb, jb) in zip(pts, pts[1:]):
             if tb > ta:
                 rows.append({"t": (ta + tb) / 2, "host": host, "source": source, "domain": domain,

@@ -134,9 +134,9 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     t0 = cpu0 = None
     for step in range(cfg.total_steps):
         if step == cfg.warmup:
+            slurm_j0 = _read_slurm(slurm)  # an sstat subprocess: before the window opens
             t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
             comm0 = transport.stats.as_dict()
-            slurm_j0 = _read_slurm(slurm)
             if monitor:
                 monitor.mark("measure_start", wall0)
             events.log("measure_start", step=step)
@@ -203,10 +203,9 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
         summary = {
             "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
             "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
-            "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps, "warmup": cfg.warmup,
-            "cores": cfg.cores, "image_size": size, "scheme": scheme.name, "n": n, "p": scheme.p,
-            "wire_dtype": cfg.wire_dtype, "transport": transport.name,
-            "preprocessing": preprocessing,
+            "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
+            "warmup": cfg.warmup, "cores": cfg.cores, "image_size": size, "scheme": scheme.name, "n": n, "p": scheme.p,
+            "wire_dtype": cfg.wire_dtype, "transport": transport.name, "preprocessing": preprocessing,
             "fast_mode": cfg.fast_mode, "seed": cfg.seed,
             "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                         "digest": manifest.digest, "synthetic": manifest.synthetic},

@@ -55,9 +55,7 @@ class NodeBatchWindow:
         self.image_shape, self.dtype = tuple(image_shape), np.dtype(dtype)
         self.mpi_image_type, self.mpi_meta_type = from_numpy_dtype(self.dtype), from_numpy_dtype(np.int64)
         self.image_elems = int(np.prod(image_shape))
-        img_bytes = _aligned(slots * max_batch * self.image_elems * self.dtype.itemsize)
-        meta_bytes = slots * max_batch * 4 * 8
-        size = img_bytes + meta_bytes
+        img_bytes, size = _sizes(slots, max_batch, image_shape, self.dtype)
         self.win = MPI.Win.Allocate_shared(size if self.is_leader else 0, 1, comm=self.node)
         buf, _ = self.win.Shared_query(0)
         raw = np.frombuffer(buf, np.uint8, count=size)
@@ -106,10 +104,12 @@ class NodeBatchWindow:
         return node_counts, node_offsets
 
     def free(self) -> None:
+        """Free the window and the communicators it took over (its layout's node communicator)."""
         self.win.Unlock_all()
         self.win.Free()
         if self.leaders != self.MPI.COMM_NULL:
             self.leaders.Free()
+        self.node.Free()
 
 
 def _aligned(n: int) -> int:
@@ -140,5 +140,11 @@ class NodeLayout:
         self.node.Free()
 
 
+def _sizes(slots: int, max_batch: int, image_shape: tuple[int, ...], dtype) -> tuple[int, int]:
+    """Bytes of the window's image region (aligned; the int64 meta rows follow it) and in all."""
+    img_bytes = _aligned(slots * max_batch * int(np.prod(image_shape)) * np.dtype(dtype).itemsize)
+    return img_bytes, img_bytes + slots * max_batch * 4 * 8
+
+
 def window_bytes(slots: int, max_batch: int, image_shape: tuple[int, ...], dtype) -> int:
-    return _aligned(slots * max_batch * int(np.prod(image_shape)) * np.dtype(dtype).itemsize) + slots * max_batch * 32
+    return _sizes(slots, max_batch, image_shape, dtype)[1]
