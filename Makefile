@@ -1,5 +1,6 @@
 # Two commands on a fresh machine with Python 3.11, pip and apt:
-#   make run    set up .venv and run the default workflow (config/config.yaml) end to end
+#   make run    set up .venv, run the default workflow (config/config.yaml) end to end and build
+#               its HTML report (results/report.html)
 #   make test   set up .venv and run the test suite
 # and one to rerun a single cell of the default grid by its name (see `snakemake -n`):
 #   make cell CELL=alexnet_v2/all_shared/n2_p2/c1/emulated/rep0
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 
-.PHONY: run test bench cell clean-results
+.PHONY: run test bench cell clean-results horovod test-horovod
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --report results/report.html
 
 cell: $(STAMP)
 	@test -n "$(CELL)" || { echo "make cell CELL=network/scheme/nN_pP/cC/consumer/repR"; exit 2; }
@@ -30,5 +32,14 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/preprocessing.py
 
+# The optional Horovod transport: build .venv-horovod (TensorFlow 2.15 + Horovod 0.28.1; reused
+# when present) and run the tests that use it.
+horovod:
+	bash .ci/horovod-venv
+
+test-horovod: horovod
+	.venv-horovod/bin/pytest tests/test_horovod.py
+
 clean-results:
-	rm -rf results/runs results/dataset results/calibration results/idle results/tables results/logs
+	rm -rf results/runs results/dataset results/calibration results/idle results/tables results/logs \
+	  results/figures results/report.html

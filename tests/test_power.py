@@ -219,3 +219,21 @@ def test_idle_power_command_on_this_machine(tmp_path):
         pytest.skip("this machine has RAPL; the modelled fallback is not what it reports")
     assert idle["source"] == "modelled" and idle["modelled"] and idle["watts"] == 42.0
     assert set(idle["unavailable"]) >= {"rapl"}
+    assert idle["series"]["variance"] == 0.0 and "constant" in idle["series"]["note"]
+
+
+def test_idle_power_from_a_meter_keeps_the_series_spread(tmp_path):
+    """Table 4's min / variance / max come from the meter's samples inside the idle window."""
+    import time
+
+    from enspipe.measure import measure_idle_power
+
+    now = time.time()
+    meter = tmp_path / "meter.csv"
+    watts = [100.0, 104.0, 96.0, 100.0] * 10
+    meter.write_text("timestamp,watts\n" + "".join(f"{now - 1 + 0.25 * i},{w}\n" for i, w in enumerate(watts)))
+    idle = measure_idle_power(str(tmp_path / "idle.json"), 1.0, ("external",), str(meter), idle_watts=42.0)
+    assert idle["source"] == "external" and not idle["modelled"]
+    s = idle["series"]
+    assert s["min"] == 96.0 and s["max"] == 104.0 and s["samples"] >= 3
+    assert 0 < s["variance"] <= 8.0 and idle["watts"] == pytest.approx(100.0, abs=1.0)

@@ -77,9 +77,30 @@ def test_local_run_of_the_test_grid(local_run):
     emulated = table[table["consumer"] == "emulated"]
     assert emulated["accelerator"].eq("emulated").all() and (emulated["rate"] > 0).all()
     assert (wd / "results" / "calibration" / "rates.json").exists() and (wd / "results" / "idle" / "power.json").exists()
-    assert (wd / "results" / "figures" / "fig12_cpu_reduction.md").exists()
     one = cells[0]
     assert (wd / one.path).exists() and list((wd / os.path.dirname(one.path)).glob("mpstat.*.json"))
+
+
+def test_every_figure_and_table_and_the_html_report(local_run):
+    """The figures rule leaves every output figures.OUTPUTS names (real data where the test grid
+    has cells for it, a 'no data' placeholder elsewhere), and `snakemake --report` builds."""
+    from enspipe.figures import OUTPUTS
+
+    wd, r = local_run
+    assert r.returncode == 0, r.stderr[-4000:]
+    figs = wd / "results" / "figures"
+    for stem, exts in OUTPUTS.items():
+        for ext in exts:
+            assert (figs / f"{stem}.{ext}").stat().st_size > 0, f"{stem}.{ext}"
+    t2 = pd.read_csv(figs / "table2_core_usage.csv")  # the test grid's solo cell at 1 core
+    assert t2["allowed"].sum() == 1 and len(t2) == os.cpu_count()
+    findings = (figs / "paper_vs_run.md").read_text()
+    assert "Table 3" in findings and "emulated" in findings
+    assert "No data" in (figs / "table5_energy.md").read_text() or "modelled" in (figs / "table5_energy.md").read_text()
+    rep = snakemake("--configfile", os.path.join(ROOT, "config", "test.yaml"), "--report", "report.html", workdir=wd)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    html = (wd / "report.html").read_text(errors="replace")
+    assert "fig12_cpu_reduction.png" in html and "Paper vs this run" in html
 
 
 def test_one_cell_reruns_by_its_target_name(local_run):

@@ -2,7 +2,7 @@
 
 A config (``config/*.yaml``, validated by ``workflow/schemas/config.schema.yaml``) names
 experiments, each a product of networks x schemes x n x p x core limits for one consumer, run
-``repeats`` times. :func:`cells` expands them into valid :class:`Cell` s only: P is the number
+``repeats`` times (the experiment's own, else the config's). :func:`cells` expands them into valid :class:`Cell` s only: P is the number
 of preprocessors where the scheme has one (single_broadcast needs 1 <= P < N, multi_broadcast
 1 <= P <= N) and N for baseline and All-Shared; a batch smaller than P is left out.
 """
@@ -69,7 +69,7 @@ def cells(config: dict) -> list[Cell]:
                         if not valid(scheme, n, p, batch):
                             continue
                         for cores in exp.get("cores", ["all"]):
-                            for rep in range(int(config.get("repeats", 1))):
+                            for rep in range(int(exp.get("repeats", config.get("repeats", 1)))):
                                 out.add(Cell(network, scheme, n, p, _cores(cores), exp["consumer"], rep))
     return sorted(out)
 

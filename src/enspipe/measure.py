@@ -12,6 +12,8 @@ import json
 import socket
 import time
 
+import numpy as np
+
 from enspipe import cpumon, power
 from enspipe.atomic import write_csv_atomic, write_json_atomic
 
@@ -150,6 +152,24 @@ def write_power_table(path: str, rows: list[dict]) -> None:
     write_csv_atomic(path, rows, POWER_COLUMNS)
 
 
+def power_stats(rows: list[dict], sources: list[str], idle_watts: float) -> dict:
+    """Min, max, mean and variance of the node's power over time from the given sources (their
+    domains summed at each sample time, to 0.1 s); the model's idle figure is a constant."""
+    if sources == ["modelled"]:
+        return {"min": idle_watts, "max": idle_watts, "mean": idle_watts, "variance": 0.0, "samples": 0,
+                "note": "constant: the power model's idle_watts parameter"}
+    per_t: dict[float, float] = {}
+    for r in rows:
+        if r["source"] in sources:
+            key = round(r["t"], 1)
+            per_t[key] = per_t.get(key, 0.0) + r["watts"]
+    w = np.array(list(per_t.values()))
+    if not len(w):
+        return {"min": None, "max": None, "mean": None, "variance": None, "samples": 0}
+    return {"min": float(w.min()), "max": float(w.max()), "mean": float(w.mean()), "variance": float(w.var()),
+            "samples": int(len(w))}
+
+
 def measure_idle_power(out: str, seconds: float, requested: tuple[str, ...], power_csv: str | None,
                        idle_watts: float) -> dict:
     """Sample this node's power for ``seconds`` while it idles and store the mean watts.
@@ -165,14 +185,19 @@ def measure_idle_power(out: str, seconds: float, requested: tuple[str, ...], pow
     time.sleep(seconds)
     t1 = time.time()
     by_source: dict[str, float] = {}
+    rows: list[dict] = []  # watts over time, per source and domain (Table 4's min / variance / max)
     if mon:
         mon.stop()
         for source, doms in power.counter_energy(mon.samples, t0, t1).items():
             by_source[source] = sum(doms.values()) / (t1 - t0)
+        rows += power.counter_power_rows(mon.samples, host)
     if power_csv:
         try:
             t, w = power.read_meter_csv(power_csv)
             by_source["external"] = power.series_energy(t, w, t0, t1) / (t1 - t0)
+            inside = (t >= t0) & (t <= t1)
+            rows += [{"t": float(a), "host": host, "source": "external", "domain": "meter", "watts": float(b)}
+                     for a, b in zip(t[inside], w[inside])]
         except power.PowerUnavailable as e:
             why["external"] = str(e)
     by_source["modelled"] = idle_watts
@@ -182,6 +207,6 @@ def measure_idle_power(out: str, seconds: float, requested: tuple[str, ...], pow
     used = [s for s in group if s in by_source]
     idle = {"watts": float(sum(by_source[s] for s in used)), "source": "+".join(used), "host": host,
             "seconds": t1 - t0, "start": t0, "end": t1, "by_source": by_source, "unavailable": why,
-            "modelled": used == ["modelled"]}
+            "modelled": used == ["modelled"], "series": power_stats(rows, used, idle_watts)}
     write_json_atomic(out, idle)
     return idle

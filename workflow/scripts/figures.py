@@ -7,5 +7,5 @@ from enspipe.figures import render
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
-    stems = render(snakemake.input.table, snakemake.input.rates, "results/figures")  # noqa: F821
-    print("\n".join(stems), file=log)
+    paths = render(snakemake.input.table, snakemake.input.rates, snakemake.input.idle, "results/figures")  # noqa: F821
+    print("\n".join(paths), file=log)

@@ -1,0 +1,250 @@
+"""The paper's tables and the data behind its figures, from the tidy cell table and the cells' logs.
+
+Every function takes the cell table (:func:`enspipe.collect.collect`, ``cores`` read as strings)
+and returns a DataFrame; an empty frame means the grid produced no cells for it. Functions that
+need more than the table read the cell's own files (``summary.json``, ``events.rank*.jsonl``,
+``cpu.csv``, ``power.csv``) from the directory of the row's ``summary``.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pandas as pd
+
+TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
+
+
+def load(table_csv: str) -> pd.DataFrame:
+    return pd.read_csv(table_csv, dtype={"cores": str, "cell": str})
+
+
+def summary(row) -> dict:
+    with open(row["summary"]) as f:
+        return json.load(f)
+
+
+def cell_dir(row) -> str:
+    return os.path.dirname(row["summary"])
+
+
+def _empty(*columns: str) -> pd.DataFrame:
+    return pd.DataFrame(columns=list(columns))
+
+
+def _pair(df: pd.DataFrame, value: str, key: list[str], a: str = "baseline", b: str = "all_shared") -> pd.DataFrame:
+    """``value`` of schemes a and b side by side per ``key`` (means over repeats)."""
+    cells = df[df["scheme"].isin([a, b])]
+    piv = cells.pivot_table(index=key, columns="scheme", values=value, aggfunc="mean")
+    if piv.empty or not {a, b} <= set(piv.columns):
+        return _empty(*key, a, b)
+    return piv.dropna(subset=[a, b]).reset_index()[[*key, a, b]]
+
+
+# -- Section 3: one member alone ------------------------------------------------------------------
+def solo_cells(df: pd.DataFrame, cores: str | None = None) -> pd.DataFrame:
+    """Single-member baseline cells with an accelerator, optionally at one core limit."""
+    d = df.query(TRAINING)
+    d = d[(d["scheme"] == "baseline") & (d["n"] == 1)]
+    return d if cores is None else d[d["cores"] == cores]
+
+
+def queue_series(row) -> pd.DataFrame:
+    """Fig. 3's data: rank 0's preprocessing- and compute-queue fill (0..1) at every step."""
+    path = sorted(glob.glob(os.path.join(cell_dir(row), "events.rank*.jsonl")))[0]
+    capacity, rows = None, []
+    with open(path) as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("event") == "occupancy" and capacity is None:
+                capacity = e["capacity"]
+            elif e.get("event") == "step":
+                rows.append({"step": e["step"], "measured": e["measured"],
+                             **{q: e["queues"].get(q) for q in ("preprocessing", "compute")}})
+    out = pd.DataFrame(rows, columns=["step", "measured", "preprocessing", "compute"])
+    if capacity:
+        out[["preprocessing", "compute"]] = out[["preprocessing", "compute"]] / capacity
+    return out
+
+
+def core_series(row) -> tuple[pd.DataFrame, dict]:
+    """Fig. 4's data: each core's busy % over time (seconds since launch) and the cell's marks
+    (launch, warm-up start, measured window), for the first host of the cell."""
+    d = cell_dir(row)
+    cpu = pd.read_csv(os.path.join(d, "cpu.csv"), dtype={"cpu": str})
+    host = sorted(cpu["host"].unique())[0]
+    with open(os.path.join(d, f"cpu-marks.{host}.json")) as f:
+        marks = json.load(f)
+    cpu = cpu[(cpu["host"] == host) & (cpu["cpu"] != "all")].copy()
+    cpu["seconds"] = cpu["t"] - marks["launch"]
+    return cpu[["seconds", "cpu", "busy", "source"]], marks
+
+
+def utilisation(cpu: pd.DataFrame, marks: dict) -> dict:
+    """Fig. 4's averages: mean core busy % over the whole log and after start-up (from the
+    start of the measured window), as the paper reports 94.3% and 96.0%."""
+    after = cpu[cpu["seconds"] >= marks["measure_start"] - marks["launch"]]
+    return {"whole_run": float(cpu["busy"].mean()), "after_startup": float(after["busy"].mean()) if len(after) else None}
+
+
+def core_usage_under_limit(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 2: average busy % of every core in the measured window, one member alone under a core
+    limit; ``allowed`` marks the cores the member was pinned to (means over repeats)."""
+    rows = []
+    limited = solo_cells(df)
+    for _, row in limited[limited["cores"] != "all"].iterrows():
+        s = summary(row)
+        allowed = {str(c) for r in s["ranks"] for c in (r.get("cores") or [])}
+        for host, cores in (s.get("per_core_busy_percent") or {}).items():
+            for core, busy in cores.items():
+                rows.append({"network": row["network"], "core_limit": row["cores"], "host": host,
+                             "core": int(core), "allowed": core in allowed, "busy_percent": busy})
+    if not rows:
+        return _empty("network", "core_limit", "host", "core", "allowed", "busy_percent", "repeats")
+    out = pd.DataFrame(rows).groupby(["network", "core_limit", "host", "core", "allowed"], as_index=False)
+    return out.agg(busy_percent=("busy_percent", "mean"), repeats=("busy_percent", "size"))
+
+
+def solo_vs_parallel(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 1: statistics of the members' runtimes (the measured steps), one member alone (every
+    repeat) against members of the baseline ensemble run in parallel, same network and core limit."""
+    base = df.query(TRAINING)
+    base = base[base["scheme"] == "baseline"]
+    rows = []
+    for (network, cores, consumer), g in base.groupby(["network", "cores", "consumer"]):
+        if not ((g["n"] == 1).any() and (g["n"] > 1).any()):
+            continue
+        for n, cells in g.groupby("n"):
+            times = [r["seconds"] for _, row in cells.iterrows() for r in summary(row)["ranks"]]
+            hosts = len(set(",".join(cells["hosts"].astype(str)).split(",")))
+            rows.append({"network": network, "cores": cores, "consumer": consumer,
+                         "run": "solo" if n == 1 else f"parallel (n={n})", "n": n, "hosts": hosts,
+                         "runs": len(cells), "samples": len(times), "avg": float(np.mean(times)),
+                         "std": float(np.std(times, ddof=1)) if len(times) > 1 else 0.0,
+                         "min": float(np.min(times)), "max": float(np.max(times))})
+    cols = ["network", "cores", "consumer", "run", "n", "hosts", "runs", "samples", "avg", "std", "min", "max"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+# -- Section 6: sharing ---------------------------------------------------------------------------
+def scheme_label(scheme: str, p) -> str:
+    return scheme if scheme in ("baseline", "all_shared") else f"{scheme} (P={int(p)})"
+
+
+def peak_cells(df: pd.DataFrame, limited: bool) -> pd.DataFrame:
+    """Fig. 10a (full cores) or 10b (a core limit): peak(n) per scheme and P."""
+    d = df[(df["consumer"] == "peak") & ((df["cores"] != "all") if limited else (df["cores"] == "all"))].copy()
+    d["scheme (P)"] = [scheme_label(s, p) for s, p in zip(d["scheme"], d["p"])]
+    return d
+
+
+def broadcast_cpu(df: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 11: node CPU-s per delivered image of Single- and Multi-Broadcast normalised to
+    All-Shared at the same network, consumer, n > 1 and core limit."""
+    key = ["network", "consumer", "n", "cores"]
+    d = df[df["scheme"].isin(["all_shared", "single_broadcast", "multi_broadcast"]) & (df["n"] > 1)]
+    d = d.groupby([*key, "scheme", "p"], as_index=False)["node_cpu_seconds_per_image"].mean()
+    ref = d[d["scheme"] == "all_shared"].set_index(key)["node_cpu_seconds_per_image"]
+    out = d[d["scheme"] != "all_shared"].join(ref.rename("all_shared"), on=key).dropna(subset=["all_shared"])
+    if out.empty:
+        return _empty(*key, "scheme", "p", "node_cpu_seconds_per_image", "all_shared", "relative_to_all_shared")
+    out["relative_to_all_shared"] = out["node_cpu_seconds_per_image"] / out["all_shared"]
+    return out.reset_index(drop=True)
+
+
+def cpu_reduction(df: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 12: node CPU-s per delivered image, baseline over All-Shared, per network, n and core
+    limit, with an accelerator and n > 1."""
+    d = df.query(TRAINING)
+    out = _pair(d[d["n"] > 1], "node_cpu_seconds_per_image", ["network", "n", "cores"])
+    out["reduction"] = out["baseline"] / out["all_shared"] if len(out) else []
+    return out
+
+
+def core_limit_speedup(df: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 13: runtime improvement of All-Shared over the baseline at each core limit (images/s
+    per member, All-Shared over baseline: the same steps, so the runtime ratio)."""
+    d = df.query(TRAINING)
+    out = _pair(d[d["n"] > 1], "images_per_second_per_member", ["network", "n", "cores"])
+    out["speedup"] = out["all_shared"] / out["baseline"] if len(out) else []
+    return out
+
+
+def slowdown_at_one_core(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 3: per scheme and network, images/s per member at full cores over at 1 core."""
+    cells = df.query(TRAINING)
+    piv = cells.pivot_table(index=["network", "scheme", "n", "p"], columns="cores",
+                            values="images_per_second_per_member", aggfunc="mean")
+    cols = ["network", "scheme", "n", "p", "full_cores", "one_core", "slowdown"]
+    if piv.empty or not {"1", "all"} <= set(piv.columns.astype(str)):
+        return _empty(*cols)
+    piv.columns = piv.columns.astype(str)
+    out = piv[["all", "1"]].dropna().rename(columns={"all": "full_cores", "1": "one_core"}).reset_index()
+    out["slowdown"] = out["full_cores"] / out["one_core"]
+    return out[cols]
+
+
+# -- energy ---------------------------------------------------------------------------------------
+def headline_power(row) -> pd.DataFrame:
+    """A cell's node power over time from its headline energy source (domains and hosts summed at
+    each sample time, to 0.1 s), with seconds since the measured window's start."""
+    p = pd.read_csv(os.path.join(cell_dir(row), "power.csv"))
+    sources = str(row["energy_source"]).split("+")
+    p = p[p["source"].isin(sources)].assign(t=lambda x: x["t"].round(1))
+    p = p.groupby("t", as_index=False)["watts"].sum()
+    start = (summary(row).get("measured_window") or {}).get("start")
+    p["seconds"] = p["t"] - (start if start is not None else p["t"].min())
+    return p
+
+
+def idle_power(idle: dict | None, df: pd.DataFrame) -> pd.DataFrame:
+    """Table 4: the idle node's power (mean, min, variance over the idle window) and the maximum
+    power observed in any cell, with their sources."""
+    cols = ["source", "modelled", "idle_seconds", "mean_watts", "min_watts", "variance", "max_observed_watts",
+            "max_observed_in", "idle_share_of_max"]
+    if not idle:
+        return _empty(*cols)
+    peak, where = None, None
+    for _, row in df.dropna(subset=["energy_source"]).iterrows():
+        if os.path.exists(os.path.join(cell_dir(row), "power.csv")):
+            p = headline_power(row)
+            if len(p) and (peak is None or p["watts"].max() > peak):
+                peak, where = float(p["watts"].max()), f"{row['cell']} ({row['energy_source']})"
+    s = idle.get("series") or {}
+    return pd.DataFrame([{
+        "source": idle["source"], "modelled": idle.get("modelled"), "idle_seconds": idle.get("seconds"),
+        "mean_watts": idle["watts"], "min_watts": s.get("min"), "variance": s.get("variance"),
+        "max_observed_watts": peak, "max_observed_in": where,
+        "idle_share_of_max": idle["watts"] / peak if peak else None}], columns=cols)
+
+
+def energy(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 5: mean power with and without idle, and All-Shared's savings above idle, per network
+    (full cores, n > 1, with an accelerator). ``savings_power_percent`` is the paper's metric (mean
+    power above idle); ``savings_energy_percent`` compares energy above idle per delivered image."""
+    d = df.query(TRAINING).dropna(subset=["energy_joules"])
+    d = d[(d["n"] > 1) & (d["cores"] == "all") & d["scheme"].isin(["baseline", "all_shared"])].copy()
+    cols = ["network", "n", "scheme", "energy_source", "mean_watts", "watts_above_idle",
+            "joules_above_idle_per_image", "savings_power_percent", "savings_energy_percent"]
+    if d.empty:
+        return _empty(*cols)
+    d["watts_above_idle"] = d["energy_above_idle_joules"] / d["window_seconds"]
+    d["joules_above_idle_per_image"] = d["energy_above_idle_joules"] / (d["images_per_member"] * d["n"])
+    g = d.groupby(["network", "n", "scheme", "energy_source"], as_index=False)[
+        ["mean_watts", "watts_above_idle", "joules_above_idle_per_image"]].mean()
+    base = g[g["scheme"] == "baseline"].set_index(["network", "n"])
+    rows = []
+    for _, r in g.iterrows():
+        r = r.to_dict()
+        b = base.loc[(r["network"], r["n"])] if (r["network"], r["n"]) in base.index else None
+        shared = r["scheme"] == "all_shared" and b is not None
+        r["savings_power_percent"] = 100 * (1 - r["watts_above_idle"] / b["watts_above_idle"]) if shared else None
+        r["savings_energy_percent"] = (100 * (1 - r["joules_above_idle_per_image"] / b["joules_above_idle_per_image"])
+                                       if shared else None)
+        rows.append(r)
+    order = {"baseline": 0, "all_shared": 1}
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values(["scheme", "network"], key=lambda c: c.map(order) if c.name == "scheme" else c,
+                           ignore_index=True)
