@@ -1,14 +1,15 @@
 """Sharing schemes side by side: peak throughput and CPU cost per delivered image.
 
     python benchmarks/sharing.py [--ns 1,2,4] [--steps 20] [--warmup 5] [--batch 32] [--size 224]
+    .venv-horovod/bin/python benchmarks/sharing.py --transport horovod ...   (make horovod first)
 
 Runs every scheme (single/multi-broadcast with P = max(1, N // 2)) under ``mpiexec -n N`` with
 ``--consumer peak`` on the embedded dataset and prints, per scheme and N: peak images/s per
 member, CPU-seconds per delivered image per member (process CPU time over the measured window),
 the ratio of baseline's CPU per image to the scheme's (the paper's CPU reduction; ideal: N for
 All-Shared), and communication CPU as a share of preprocessing CPU (CPU time of the exchange
-thread inside collectives over the CPU time of the read and preprocess threads and their
-TensorFlow pools). Each cell runs ``--repeats`` times; the table shows medians.
+thread inside collectives, plus Horovod's background thread with ``--transport horovod``, over
+the CPU time of the read and preprocess threads and their TensorFlow pools). Each cell runs ``--repeats`` times; the table shows medians.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import tempfile
 import numpy as np
 
 PREPROCESSING_THREADS = ("enspipe-read", "enspipe-preproc")  # thread groups named by the pipeline
+COMM_THREADS = ("enspipe-horovod",)  # Horovod's background thread does its collectives' work
 
 
 def run_cell(data, out, n, scheme, p, a) -> dict:
@@ -48,7 +50,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--network", default="alexnet_v2")
-    ap.add_argument("--transport", default="mpi4py")
+    ap.add_argument("--transport", default="mpi4py", choices=("mpi4py", "horovod"),
+                    help="horovod: run this script with .venv-horovod/bin/python (make horovod)")
     ap.add_argument("--images", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--exchange", choices=("shm", "mpi"), default="shm",
@@ -77,7 +80,9 @@ def main() -> None:
                 rates.append(s["images_per_second_per_member"])
                 cpus.append(float(np.mean([r["cpu_seconds"] / r["images"] for r in ranks])))
                 prep = sum(r["thread_cpu_seconds"].get(t, 0.0) for r in ranks for t in PREPROCESSING_THREADS)
-                comms.append(sum(r["collective_cpu_seconds"] for r in ranks) / prep if prep else float("nan"))
+                comm = sum(r["collective_cpu_seconds"] + sum(r["thread_cpu_seconds"].get(t, 0.0) for t in COMM_THREADS)
+                           for r in ranks)
+                comms.append(comm / prep if prep else float("nan"))
             cpu_per_img = float(np.median(cpus))
             if scheme == "baseline":
                 base[n] = cpu_per_img

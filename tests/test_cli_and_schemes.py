@@ -38,6 +38,15 @@ def test_mpstat_requested_but_missing_names_the_fix(dataset, tmp_path):
     assert r.returncode == 2 and "--cpu-monitor" in r.stderr and "sysstat" in r.stderr
 
 
+def test_horovod_transport_without_horovod_names_the_fix(dataset, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("horovod") is not None:
+        pytest.skip("Horovod is installed here (tests/test_horovod.py runs the transport)")
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--transport", "horovod")
+    assert r.returncode == 2 and "--transport" in r.stderr and "make horovod" in r.stderr
+
+
 def test_missing_dataset_names_the_fix(tmp_path):
     r = enspipe("run", "--data", tmp_path / "nope", "--out", tmp_path / "o")
     assert r.returncode == 2 and "--data" in r.stderr and "make-dataset" in r.stderr

@@ -34,3 +34,26 @@ def test_workflow_env_lists_the_runtime_requirements():
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert {_norm(r) for r in pip} == {_norm(r) for r in project["dependencies"]}
     assert "python=3.11" in env["dependencies"] and "sysstat" in env["dependencies"]
+
+
+def test_horovod_environment_is_the_run_requirements_at_tensorflow_2_15():
+    """requirements-horovod.txt: enspipe run's requirements, TensorFlow pinned to the last version
+    Horovod 0.28.1 builds against; environment-horovod.yml installs that file and sets the same
+    Horovod build flags as .ci/horovod-venv."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    with open(os.path.join(ROOT, "requirements-horovod.txt")) as f:
+        reqs = [_norm(r) for r in f.read().splitlines() if r.strip() and not r.startswith("#")]
+    names = {re.split(r"[<>=!~]", r)[0] for r in reqs}
+    workflow_only = {"seaborn", "snakemake", "snakemake-executor-plugin-slurm"}
+    run_names = {re.split(r"[<>=!~]", _norm(r))[0] for r in project["dependencies"]} - workflow_only
+    assert run_names <= names and "tensorflow-cpu==2.15.1" in reqs and "cmake>=3.20" in reqs
+    with open(os.path.join(ROOT, "environment-horovod.yml")) as f:
+        env = yaml.safe_load(f)
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert pip == ["-r requirements-horovod.txt"] and "python=3.11" in env["dependencies"]
+    with open(os.path.join(ROOT, ".ci", "horovod-venv")) as f:
+        script = f.read()
+    for flag, value in env["variables"].items():
+        assert f"{flag}={value}" in script, flag
+    assert "horovod==0.28.1" in script

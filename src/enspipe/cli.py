@@ -92,7 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fast-mode", action="store_true", help="Slim inception fast_mode (off in the paper)")
     r.add_argument("--wire-dtype", default="float32", choices=WIRE_DTYPES,
                    help="uint8 quantises after preprocessing: 4x less traffic, lossy by 1/255 of the range")
-    r.add_argument("--transport", default="mpi4py", choices=TRANSPORTS, help="collective library")
+    r.add_argument("--transport", default="mpi4py", choices=TRANSPORTS,
+                   help="collective library: mpi4py communicators, or Horovod process sets (make horovod)")
+    r.add_argument("--batch-checksums", action="store_true",
+                   help="log a checksum of every delivered batch's pixels and metadata (to compare transports; "
+                        "costs a hash per batch)")
     r.add_argument("--no-node-shm", dest="node_shm", action="store_false",
                    help="exchange through MPI collectives only, not node-shared memory (for comparison)")
     r.add_argument("--sample-interval", type=float, default=0.1, help="seconds between queue-occupancy samples")
@@ -145,7 +149,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
                      preprocessors=a.preprocessors, rate=rate, rate_source=rate_source, seed=a.seed, lrs=a.lr,
                      shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, skip_corrupt=a.skip_corrupt,
                      fast_mode=a.fast_mode, wire_dtype=a.wire_dtype, transport=a.transport,
-                     sample_interval=a.sample_interval, node_shm=a.node_shm, cpu_monitor=a.cpu_monitor,
+                     sample_interval=a.sample_interval, node_shm=a.node_shm, batch_checksums=a.batch_checksums, cpu_monitor=a.cpu_monitor,
                      monitor_interval=a.monitor_interval, power=a.power, power_csv=a.power_csv,
                      idle_power=a.idle_power, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)
 

@@ -59,10 +59,13 @@ class RunConfig:
       skip_corrupt: skip undecodable or corrupt records and count them, instead of failing.
       fast_mode: TF-Slim's inception ``fast_mode`` (off in the paper).
       wire_dtype: element type of preprocessed images on the wire; ``uint8`` is lossy (1/255).
-      transport: collective library for the exchange.
+      transport: collective library for the exchange: ``mpi4py`` (communicators) or ``horovod``
+        (process sets; needs the Horovod build of ``make horovod``).
       sample_interval: seconds between queue-occupancy samples.
       node_shm: assemble shared batches in node-shared memory (one copy per block within a
-        node); off: the MPI collectives themselves on every link.
+        node); off: the MPI collectives themselves on every link. mpi4py transport only.
+      batch_checksums: log a checksum of each delivered batch's bytes (pixels and metadata) in
+        the step events, to compare transports bit for bit.
       cpu_monitor: the per-node CPU monitor: ``mpstat`` (sysstat), ``psutil``, ``auto`` (mpstat
         where installed, else psutil) or ``none``.
       monitor_interval: seconds between CPU samples (whole seconds: mpstat's unit).
@@ -99,6 +102,7 @@ class RunConfig:
     transport: str = "mpi4py"
     sample_interval: float = 0.1
     node_shm: bool = True
+    batch_checksums: bool = False
     cpu_monitor: str = "auto"
     monitor_interval: int = 1
     power: tuple[str, ...] = ("auto",)
@@ -146,6 +150,11 @@ class RunConfig:
                  f"choose one of {', '.join(WIRE_DTYPES)}")
         _require(self.transport in TRANSPORTS, "transport", f"unknown transport {self.transport!r}",
                  f"choose one of {', '.join(TRANSPORTS)}")
+        if self.transport == "horovod":
+            import importlib.util
+
+            _require(importlib.util.find_spec("horovod") is not None, "transport", "Horovod is not installed here",
+                     "build it with `make horovod` and run from .venv-horovod, or use --transport mpi4py")
         _require(self.sample_interval > 0, "sample_interval", f"must be > 0, got {self.sample_interval}",
                  "pass seconds, e.g. 0.1")
         _require(self.cpu_monitor in CPU_MONITORS, "cpu_monitor", f"unknown CPU monitor {self.cpu_monitor!r}",

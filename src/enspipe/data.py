@@ -51,6 +51,16 @@ def digest_of(ids) -> str:
     return f"{total & _MASK64:016x}"
 
 
+def batch_checksum(batch) -> str:
+    """BLAKE2b of a delivered batch's pixels and (id, epoch, position, label) rows, in order."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.ascontiguousarray(batch.images))
+    h.update(np.ascontiguousarray(batch.meta))
+    return h.hexdigest()
+
+
 def add_digests(a: str, b: str) -> str:
     return f"{(int(a, 16) + int(b, 16)) & _MASK64:016x}"
 

@@ -41,6 +41,13 @@ class TransportStats:
     collective_cpu_seconds: float = 0.0  # CPU time of the exchange thread in collectives
     collectives: int = 0
 
+    def add(self, own: "Batch | None", out: "Batch") -> None:
+        """Count a collective's payload: what this rank contributed (``own``) and what it obtained
+        from the others (the rest of ``out``)."""
+        sent = own.nbytes if own is not None else 0
+        self.bytes_sent += sent
+        self.bytes_received += out.nbytes - sent
+
     def as_dict(self) -> dict:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "collective_seconds": self.collective_seconds,
@@ -145,9 +152,7 @@ class Mpi4pyTransport:
 
     def _assemble(self, group, mine: Batch | None, counts: np.ndarray) -> Batch:
         out = self.windows[group].assemble(mine, counts)
-        own = mine.nbytes if mine is not None and counts[self.comms[group].Get_rank()] else 0
-        self.stats.bytes_sent += own
-        self.stats.bytes_received += out.nbytes - own
+        self.stats.add(mine if counts[self.comms[group].Get_rank()] else None, out)
         return out
 
     def allgatherv(self, group: tuple[int, ...], mine: Batch, counts: list[int] | None = None) -> Batch:
@@ -158,8 +163,7 @@ class Mpi4pyTransport:
         out = self.ring.take(int(counts.sum()))
         self._wait([c.Iallgatherv(mine.meta, [out.meta, (counts * 4).tolist()]),
                     c.Iallgatherv(mine.images, [out.images, (counts * self.image_size).tolist()])])
-        self.stats.bytes_sent += mine.nbytes
-        self.stats.bytes_received += out.nbytes - mine.nbytes
+        self.stats.add(mine, out)
         return out
 
     def broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None, count: int | None = None) -> Batch:
@@ -174,10 +178,7 @@ class Mpi4pyTransport:
             return self._assemble(group, batch if self.rank == root else None, counts)
         out = batch if self.rank == root else self.ring.take(count)
         self._wait([c.Ibcast(out.meta, root=local_root), c.Ibcast(out.images, root=local_root)])
-        if self.rank == root:
-            self.stats.bytes_sent += out.nbytes
-        else:
-            self.stats.bytes_received += out.nbytes
+        self.stats.add(out if self.rank == root else None, out)
         return out
 
     def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None,
@@ -198,9 +199,7 @@ class Mpi4pyTransport:
             requests += [c.Ibcast(block.meta, root=lr), c.Ibcast(block.images, root=lr)]
             offset += int(counts[lr])
         self._wait(requests)
-        own = mine.nbytes if mine is not None else 0
-        self.stats.bytes_sent += own
-        self.stats.bytes_received += out.nbytes - own
+        self.stats.add(mine, out)
         return out
 
     def close(self) -> None:

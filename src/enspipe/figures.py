@@ -91,7 +91,7 @@ def _no_data(path_stem: str, title: str, why: str) -> None:
 
 
 def _panels(k: int, width: float = 5.0, height: float = 3.8):
-    fig, axes = _plt().subplots(1, k, figsize=(width * k, height), squeeze=False)
+    fig, axes = _plt().subplots(1, k, figsize=(width * k, height), squeeze=False, layout="constrained")
     return fig, axes[0]
 
 
@@ -178,7 +178,7 @@ def _bars(data: pd.DataFrame, x: str, y: str, hue: str, path_stem: str, title: s
           ref: float | None = 1.0) -> None:
     import seaborn as sns
 
-    fig, ax = _plt().subplots(figsize=(max(6.0, 0.9 * data[x].nunique() * max(1, data[hue].nunique()) / 2), 4))
+    fig, ax = _plt().subplots(figsize=(min(13.0, max(6.0, 0.45 * data[x].nunique() * max(1, data[hue].nunique()))), 4))
     order = sorted(data[hue].unique(), key=lambda s: (tables_order(str(s)), str(s)))
     sns.barplot(data, x=x, y=y, hue=hue, hue_order=order, ax=ax, errorbar=None)
     for c in ax.containers:
@@ -202,22 +202,12 @@ def broadcast_cpu_figure(t11: pd.DataFrame, df: pd.DataFrame, path_stem: str) ->
           "node CPU-s per image / All-Shared's", provenance(df[df["scheme"] != "baseline"]))
 
 
-def cpu_reduction_figure(t12: pd.DataFrame, df: pd.DataFrame, path_stem: str) -> None:
-    title = "Fig. 12: CPU reduction, All-Shared vs baseline"
-    if t12.empty:
+def pair_figure(t: pd.DataFrame, value: str, df: pd.DataFrame, path_stem: str, title: str, ylabel: str) -> None:
+    """Figs. 12 and 13: All-Shared against the baseline per network, one bar per n and core limit."""
+    if t.empty:
         return _no_data(path_stem, title, "the grid has no baseline/All-Shared pairs with an accelerator and n > 1")
-    d = t12.assign(cell=[f"n={n}, cores per member: {c}" for n, c in zip(t12["n"], t12["cores"])])
-    _bars(d, "network", "reduction", "cell", path_stem, title,
-          "baseline / All-Shared (node CPU-s per image)", provenance(df.query(tables.TRAINING)))
-
-
-def speedup_figure(t13: pd.DataFrame, df: pd.DataFrame, path_stem: str) -> None:
-    title = "Fig. 13: runtime improvement of All-Shared over the baseline under core limits"
-    if t13.empty:
-        return _no_data(path_stem, title, "the grid has no baseline/All-Shared pairs with an accelerator and n > 1")
-    d = t13.assign(cell=[f"n={n}, cores per member: {c}" for n, c in zip(t13["n"], t13["cores"])])
-    _bars(d, "network", "speedup", "cell", path_stem, title,
-          "baseline runtime / All-Shared runtime", provenance(df.query(tables.TRAINING)))
+    d = t.assign(cell=[f"n={n}, cores per member: {c}" for n, c in zip(t["n"], t["cores"])])
+    _bars(d, "network", value, "cell", path_stem, title, ylabel, provenance(df.query(tables.TRAINING)))
 
 
 def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
@@ -273,9 +263,12 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
     peak_figure(df, rates, stem("fig10b_peak_core_limit"), limited=True)
     broadcast_cpu_figure(t["fig11"], df, stem("fig11_broadcast_cpu"))
     write_table(t["fig11"], stem("fig11_broadcast_cpu"), f"Fig. 11 data: node CPU-s per delivered image ({src})")
-    cpu_reduction_figure(t["fig12"], df, stem("fig12_cpu_reduction"))
+    pair_figure(t["fig12"], "reduction", df, stem("fig12_cpu_reduction"),
+                "Fig. 12: CPU reduction, All-Shared vs baseline", "baseline / All-Shared (node CPU-s per image)")
     write_table(t["fig12"], stem("fig12_cpu_reduction"), f"Fig. 12 data: node CPU-s per delivered image ({src})")
-    speedup_figure(t["fig13"], df, stem("fig13_core_limit_speedup"))
+    pair_figure(t["fig13"], "speedup", df, stem("fig13_core_limit_speedup"),
+                "Fig. 13: runtime improvement of All-Shared over the baseline under core limits",
+                "baseline runtime / All-Shared runtime")
     write_table(t["fig13"], stem("fig13_core_limit_speedup"), f"Fig. 13 data: images/s per member ({src})")
     write_table(t["table3"], stem("table3_slowdown_1core"), f"Table 3: slowdown at 1 core vs full cores ({src})")
     idle_src = f"{idle['source']}{' (MODELLED)' if idle.get('modelled') else ''}" if idle else "none"

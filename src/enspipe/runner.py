@@ -83,7 +83,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
 
     from enspipe.accounting import EpochLedger
     from enspipe.consumers import make_consumer
-    from enspipe.data import digest_of, load_manifest, write_json_atomic
+    from enspipe.data import batch_checksum, digest_of, load_manifest, write_json_atomic
     from enspipe.events import EventLog
     from enspipe.exchange import ExchangeEngine, Mpi4pyTransport
     from enspipe.networks import NETWORKS
@@ -109,8 +109,14 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
 
     size = cfg.image_size
     wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
-    transport = Mpi4pyTransport(comm, scheme.groups(), (size, size, 3), wire, max_batch=cfg.global_batch,
-                                queue_depth=cfg.queue_depth, node_shm=cfg.node_shm, events=events)
+    if cfg.transport == "horovod":
+        from enspipe.horovod_transport import HorovodTransport
+
+        transport = HorovodTransport(comm, scheme.groups(), (size, size, 3), wire, max_batch=cfg.global_batch,
+                                     queue_depth=cfg.queue_depth, events=events)
+    else:
+        transport = Mpi4pyTransport(comm, scheme.groups(), (size, size, 3), wire, max_batch=cfg.global_batch,
+                                    queue_depth=cfg.queue_depth, node_shm=cfg.node_shm, events=events)
     engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt)
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
@@ -156,7 +162,8 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
             losses.append(out["loss"])
         events.log("step", step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
                    measured=step >= cfg.warmup, queues=pipeline.occupancy(),
-                   batch_digest=digest_of(batch.meta[:, 0]), **out)
+                   batch_digest=digest_of(batch.meta[:, 0]),
+                   **({"batch_checksum": batch_checksum(batch)} if cfg.batch_checksums else {}), **out)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
     slurm_j1 = _read_slurm(slurm)

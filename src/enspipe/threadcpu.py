@@ -24,6 +24,16 @@ def set_thread_name(name: str) -> None:
         pass
 
 
+def name_threads(tids, name: str) -> None:
+    """Name other threads of this process (say, a library's background threads) by their ids."""
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "w") as f:
+                f.write(name[:15])
+        except OSError:
+            pass
+
+
 def _cpu_seconds(task: str) -> float | None:
     try:
         with open(f"{task}/schedstat") as f:

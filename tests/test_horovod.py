@@ -1,0 +1,77 @@
+"""The Horovod transport (process sets) under mpiexec: every member's epochs exactly once, and the
+very batches the mpi4py transport delivers, bit for bit, for the same seeds.
+
+Runs where Horovod imports (``make horovod`` builds ``.venv-horovod``; ``make test-horovod`` and
+``.ci/run`` run this file there); elsewhere every test skips, saying why.
+"""
+import json
+import os
+
+import pytest
+
+from conftest import enspipe, manifest, summary
+from enspipe.horovod_transport import available
+
+OK, WHY = available()
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(not OK, reason=WHY)]
+COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
+          "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums"]
+CELLS = [(3, "all_shared", None), (3, "single_broadcast", 2), (3, "single_broadcast", 1), (3, "multi_broadcast", 2),
+         (4, "multi_broadcast", 4), (4, "single_broadcast", 2), (2, "all_shared", None)]
+
+
+def _checksums(out, rank):
+    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
+        return [e["batch_checksum"] for e in map(json.loads, f) if e["event"] == "step"]
+
+
+def _run(dataset, out, transport, n, scheme, p, *extra):
+    args = ["--preprocessors", p] if p else []
+    r = enspipe("run", "--data", dataset, "--out", out, "--transport", transport, "--scheme", scheme, *args,
+                *COMMON, *extra, n=n)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return summary(out)
+
+
+@pytest.mark.parametrize("n, scheme, p", CELLS, ids=lambda v: str(v))
+def test_exactly_once_and_bit_identical_to_mpi4py(dataset, tmp_path, n, scheme, p):
+    hv = _run(dataset, tmp_path / "horovod", "horovod", n, scheme, p)
+    want = manifest(dataset)["digest"]
+    assert hv["transport"] == "horovod" and len(hv["ranks"]) == n
+    for rank in hv["ranks"]:
+        assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]
+        assert set(rank["exchange_paths"].values()) == {"horovod"}
+    mp = _run(dataset, tmp_path / "mpi4py", "mpi4py", n, scheme, p)
+    assert mp["transport"] == "mpi4py"
+    reference = _checksums(tmp_path / "mpi4py", 0)
+    assert len(reference) == 7
+    for rank in range(n):  # every member of both transports: the same bytes in the same order
+        assert _checksums(tmp_path / "horovod", rank) == reference, rank
+        assert _checksums(tmp_path / "mpi4py", rank) == reference, rank
+    sent = lambda s: sum(r["bytes_sent"] for r in s["ranks"])  # noqa: E731
+    assert sent(hv) == sent(mp)  # the same payload accounting
+
+
+@pytest.mark.parametrize("scheme, p", [("all_shared", None), ("multi_broadcast", 2)])
+def test_skipped_records_shorten_one_block_through_horovod(bad_jpeg_dataset, tmp_path, scheme, p):
+    """With --skip-corrupt blocks vary in length (Horovod's allgather takes any; the broadcasts'
+    receivers learn the sizes first): the same batches as mpi4py's, each epoch one image short."""
+    data, key = bad_jpeg_dataset
+    for transport in ("horovod", "mpi4py"):
+        _run(data, tmp_path / transport, transport, 3, scheme, p, "--skip-corrupt")
+    ranks = summary(tmp_path / "horovod")["ranks"]
+    assert all(r["epochs"][0]["count"] == 11 and r["epochs"][0]["missing"] == 1 for r in ranks)
+    assert {k for r in ranks for k in r["skipped"]} == {key}
+    for rank in range(3):
+        assert _checksums(tmp_path / "horovod", rank) == _checksums(tmp_path / "mpi4py", 0)
+
+
+def test_a_failed_rank_ends_a_horovod_job_fast(dataset, tmp_path):
+    import time
+
+    t = time.monotonic()
+    args = [a if a != "7" else "500" for a in COMMON]
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--transport", "horovod", "--scheme", "all_shared", *args,
+                n=3, env={"ENSPIPE_INJECT_FAULT": "1:3:raise"}, timeout=120)
+    assert r.returncode != 0 and time.monotonic() - t < 60
+    assert "rank 1 failed" in r.stderr and not (tmp_path / "summary.json").exists()
