@@ -9,7 +9,8 @@ member, CPU-seconds per delivered image per member (process CPU time over the me
 the ratio of baseline's CPU per image to the scheme's (the paper's CPU reduction; ideal: N for
 All-Shared), and communication CPU as a share of preprocessing CPU (CPU time of the exchange
 thread inside collectives, plus Horovod's background thread with ``--transport horovod``, over
-the CPU time of the read and preprocess threads and their TensorFlow pools). Each cell runs ``--repeats`` times; the table shows medians.
+the CPU time of the read and preprocess threads and their TensorFlow pools). Each cell runs
+``--repeats`` times; the table shows medians.
 """
 from __future__ import annotations
 

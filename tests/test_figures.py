@@ -145,7 +145,7 @@ def test_paper_vs_run_verdicts(grid_dir):
     assert f["Table 3"] == "yes" and f["Fig. 13"] == "yes"
     assert f["Table 5"] == "no"  # 0% power savings above idle in the fixture
     t["fig12"] = t["fig12"].assign(reduction=t["fig12"]["reduction"][::-1].values)  # vgg above alexnet
-    assert findings.reduction_finding(t["fig12"])["holds"] == "no"
+    assert findings.verdict(findings.reduction_finding, df, t)["holds"] == "no"
     empty = findings.paper_vs_run(df.iloc[0:0], {k: v.iloc[0:0] for k, v in t.items()})
     assert set(empty["holds"]) == {"no data"}
 

@@ -149,7 +149,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
                      preprocessors=a.preprocessors, rate=rate, rate_source=rate_source, seed=a.seed, lrs=a.lr,
                      shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, skip_corrupt=a.skip_corrupt,
                      fast_mode=a.fast_mode, wire_dtype=a.wire_dtype, transport=a.transport,
-                     sample_interval=a.sample_interval, node_shm=a.node_shm, batch_checksums=a.batch_checksums, cpu_monitor=a.cpu_monitor,
+                     sample_interval=a.sample_interval, node_shm=a.node_shm, batch_checksums=a.batch_checksums,
+                     cpu_monitor=a.cpu_monitor,
                      monitor_interval=a.monitor_interval, power=a.power, power_csv=a.power_csv,
                      idle_power=a.idle_power, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)
 

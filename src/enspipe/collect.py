@@ -95,7 +95,8 @@ def collect(paths: list[str]):
     return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("cell").reset_index(drop=True)
 
 
-def write_csv_atomic(df, path: str) -> None:
+def write_cells_csv(df, path: str) -> None:
+    """The table as ``path``, written atomically."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with atomic_open(path, newline="") as f:
         df.to_csv(f, index=False)

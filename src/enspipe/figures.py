@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from enspipe import findings, tables
+from enspipe.atomic import atomic_open
+from enspipe.tables import provenance, scheme_order
 
 FIG, TAB = ("png", "pdf"), ("csv", "md")
 OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -35,23 +37,15 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def provenance(df: pd.DataFrame) -> str:
-    """One line: accelerator kind, energy source and machine of the rows behind an output."""
-    if df.empty:
-        return "no data"
-    acc = "/".join(sorted(set(df["accelerator"].dropna().astype(str)))) or "none"
-    energy = "/".join(sorted(set(df["energy_source"].dropna().astype(str)))) or "none"
-    machines = "; ".join(sorted(set(df["machine"].dropna().astype(str))))
-    return f"accelerator: {acc}; energy: {energy}; machine: {machines}"
-
-
 # -- writing --------------------------------------------------------------------------------------
 def write_table(df: pd.DataFrame, path_stem: str, caption: str) -> None:
-    """``<stem>.csv`` and ``<stem>.md`` (with the caption; "no data" where the table is empty)."""
+    """``<stem>.csv`` and ``<stem>.md`` (with the caption; "no data" where the table is empty),
+    each written atomically."""
     os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
-    df.to_csv(path_stem + ".csv", index=False)
+    with atomic_open(path_stem + ".csv", newline="") as f:
+        df.to_csv(f, index=False)
     body = _markdown(df) if not df.empty else "*No data: the grid has no cells for this table.*"
-    with open(path_stem + ".md", "w") as f:
+    with atomic_open(path_stem + ".md") as f:
         f.write(f"{caption}\n\n{body}\n")
 
 
@@ -154,7 +148,7 @@ def peak_figure(df: pd.DataFrame, rates: dict | None, path_stem: str, limited: b
         return _no_data(path_stem, title, f"the grid has no peak-consumer cells at {which}")
     panels = sorted(set(zip(cells["network"], cells["cores"])))
     fig, axes = _panels(len(panels))
-    order = sorted(cells["scheme (P)"].unique(), key=lambda s: (tables_order(s), s))
+    order = sorted(cells["scheme (P)"].unique(), key=scheme_order)
     for ax, (net, cores) in zip(axes, panels):
         d = cells[(cells["network"] == net) & (cells["cores"] == cores)]
         sns.lineplot(d, x="n", y="images_per_second_per_member", hue="scheme (P)", hue_order=order, marker="o",
@@ -169,17 +163,12 @@ def peak_figure(df: pd.DataFrame, rates: dict | None, path_stem: str, limited: b
     _save(fig, path_stem, provenance(cells))
 
 
-def tables_order(label: str) -> int:
-    return next((i for i, s in enumerate(("baseline", "all_shared", "single_broadcast", "multi_broadcast"))
-                 if label.startswith(s)), 9)
-
-
 def _bars(data: pd.DataFrame, x: str, y: str, hue: str, path_stem: str, title: str, ylabel: str, note: str,
           ref: float | None = 1.0) -> None:
     import seaborn as sns
 
     fig, ax = _plt().subplots(figsize=(min(13.0, max(6.0, 0.45 * data[x].nunique() * max(1, data[hue].nunique()))), 4))
-    order = sorted(data[hue].unique(), key=lambda s: (tables_order(str(s)), str(s)))
+    order = sorted(data[hue].unique(), key=scheme_order)
     sns.barplot(data, x=x, y=y, hue=hue, hue_order=order, ax=ax, errorbar=None)
     for c in ax.containers:
         ax.bar_label(c, fmt="%.2f", fontsize=7)
@@ -222,7 +211,7 @@ def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
     pairs.sort(key=lambda g: (g["network"].iloc[0] != "alexnet_v2", -g["n"].iloc[0]))
     d = pairs[0].sort_values("rep").drop_duplicates("scheme")
     fig, ax = _plt().subplots(figsize=(7, 4))
-    for _, row in d.sort_values("scheme", key=lambda c: c.map(tables_order)).iterrows():
+    for _, row in d.sort_values("scheme", key=lambda c: c.map(scheme_order)).iterrows():
         p = tables.headline_power(row)
         line, = ax.plot(p["seconds"], p["watts"], label=f"{row['scheme']} ({row['energy_source']})")
         ax.axvline(row["window_seconds"], color=line.get_color(), ls=":", lw=0.8)
@@ -233,7 +222,8 @@ def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
     ax.set(title=f"{title}\n{row['network']}, n={row['n']}, full cores",
            xlabel="seconds since the measured window's start (dotted: its start and each end)", ylabel="watts")
     ax.legend(fontsize=7)
-    modelled = " MODELLED power (no meter or counter on this machine)." if d["energy_modelled"].astype(bool).any() else ""
+    modelled = d["energy_modelled"].astype(bool).any()
+    modelled = " MODELLED power (no meter or counter on this machine)." if modelled else ""
     _save(fig, path_stem, provenance(d) + "." + modelled)
 
 

@@ -2,9 +2,10 @@
 
 A config (``config/*.yaml``, validated by ``workflow/schemas/config.schema.yaml``) names
 experiments, each a product of networks x schemes x n x p x core limits for one consumer, run
-``repeats`` times (the experiment's own, else the config's). :func:`cells` expands them into valid :class:`Cell` s only: P is the number
-of preprocessors where the scheme has one (single_broadcast needs 1 <= P < N, multi_broadcast
-1 <= P <= N) and N for baseline and All-Shared; a batch smaller than P is left out.
+``repeats`` times (the experiment's own, else the config's). :func:`cells` expands them into
+valid :class:`Cell` s only: P is the number of preprocessors where the scheme has one
+(single_broadcast needs 1 <= P < N, multi_broadcast 1 <= P <= N) and N for baseline and
+All-Shared; a batch smaller than P is left out.
 """
 from __future__ import annotations
 

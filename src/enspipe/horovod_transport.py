@@ -42,8 +42,7 @@ class HorovodTransport:
 
     name = "horovod"
 
-    def __init__(self, comm, groups: list[tuple[int, ...]], image_shape: tuple[int, ...], dtype, max_batch: int,
-                 queue_depth: int, events=None):
+    def __init__(self, comm, groups: list[tuple[int, ...]], image_shape: tuple[int, ...], dtype, events=None):
         import horovod.tensorflow as hvd
         import tensorflow as tf
 

@@ -109,14 +109,14 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
 
     size = cfg.image_size
     wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
+    common = (comm, scheme.groups(), (size, size, 3), wire)
     if cfg.transport == "horovod":
         from enspipe.horovod_transport import HorovodTransport
 
-        transport = HorovodTransport(comm, scheme.groups(), (size, size, 3), wire, max_batch=cfg.global_batch,
-                                     queue_depth=cfg.queue_depth, events=events)
+        transport = HorovodTransport(*common, events=events)
     else:
-        transport = Mpi4pyTransport(comm, scheme.groups(), (size, size, 3), wire, max_batch=cfg.global_batch,
-                                    queue_depth=cfg.queue_depth, node_shm=cfg.node_shm, events=events)
+        transport = Mpi4pyTransport(*common, max_batch=cfg.global_batch, queue_depth=cfg.queue_depth,
+                                    node_shm=cfg.node_shm, events=events)
     engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt)
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)

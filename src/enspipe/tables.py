@@ -14,6 +14,8 @@ import os
 import numpy as np
 import pandas as pd
 
+from enspipe.config import SCHEMES
+
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
 
 
@@ -28,6 +30,21 @@ def summary(row) -> dict:
 
 def cell_dir(row) -> str:
     return os.path.dirname(row["summary"])
+
+
+def provenance(df: pd.DataFrame, machine: bool = True) -> str:
+    """One line: accelerator kind, energy source (and machine) of the rows behind an output."""
+    if df.empty:
+        return "no data"
+    acc = "/".join(sorted(set(df["accelerator"].dropna().astype(str)))) or "none"
+    energy = "/".join(sorted(set(df["energy_source"].dropna().astype(str)))) or "none"
+    line = f"accelerator: {acc}; energy: {energy}"
+    return line + f"; machine: {'; '.join(sorted(set(df['machine'].dropna().astype(str))))}" if machine else line
+
+
+def scheme_order(label: str) -> tuple[int, str]:
+    """Sort key of a scheme or ``scheme (P=p)`` label: the schemes' order, then the label."""
+    return next((i for i, s in enumerate(SCHEMES) if str(label).startswith(s)), len(SCHEMES)), str(label)
 
 
 def _empty(*columns: str) -> pd.DataFrame:
@@ -86,7 +103,8 @@ def utilisation(cpu: pd.DataFrame, marks: dict) -> dict:
     """Fig. 4's averages: mean core busy % over the whole log and after start-up (from the
     start of the measured window), as the paper reports 94.3% and 96.0%."""
     after = cpu[cpu["seconds"] >= marks["measure_start"] - marks["launch"]]
-    return {"whole_run": float(cpu["busy"].mean()), "after_startup": float(after["busy"].mean()) if len(after) else None}
+    return {"whole_run": float(cpu["busy"].mean()),
+            "after_startup": float(after["busy"].mean()) if len(after) else None}
 
 
 def core_usage_under_limit(df: pd.DataFrame) -> pd.DataFrame:

@@ -3,10 +3,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(snakemake.scriptdir, "..", "..", "src"))  # noqa: F821
-from enspipe.collect import collect, write_csv_atomic
+from enspipe.collect import collect, write_cells_csv
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
     table = collect(list(snakemake.input.summaries))  # noqa: F821
-    write_csv_atomic(table, snakemake.output.table)  # noqa: F821
+    write_cells_csv(table, snakemake.output.table)  # noqa: F821
     print(f"{len(table)} cells -> {snakemake.output.table}", file=log)  # noqa: F821
