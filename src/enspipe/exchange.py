@@ -20,6 +20,19 @@ from enspipe.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
 META_FIELDS = ("id", "epoch", "position", "label")
 
 
+def wait_quietly(requests) -> None:
+    """Wait for MPI requests without spinning: MPICH busy-polls inside blocking collectives, which
+    would bill a member that waits for its peers a full core. Poll with sleeps that grow with the
+    wait (to 5% of the time waited so far, at most 10 ms): a long wait for a slow peer costs a few
+    dozen polls, not thousands, and wakes at most 5% late."""
+    from mpi4py import MPI
+
+    delay, start = 20e-6, time.perf_counter()
+    while not MPI.Request.Testall(requests):
+        time.sleep(delay)
+        delay = min(delay * 2, max(1e-3, min(10e-3, 0.05 * (time.perf_counter() - start))))
+
+
 @dataclass
 class Batch:
     images: np.ndarray
@@ -134,14 +147,7 @@ class Mpi4pyTransport:
                      if len(self.windows) < len(self.comms) else None)
 
     def _wait(self, requests) -> None:
-        """Wait without spinning: MPICH busy-polls inside blocking collectives, which would bill a
-        member that waits for its peers a full core. Poll with sleeps that grow with the wait
-        (to 5% of the time waited so far, at most 10 ms): a long wait for a slow peer costs a
-        few dozen polls, not thousands, and wakes at most 5% late."""
-        delay, start = 20e-6, time.perf_counter()
-        while not self.MPI.Request.Testall(requests):
-            time.sleep(delay)
-            delay = min(delay * 2, max(1e-3, min(10e-3, 0.05 * (time.perf_counter() - start))))
+        wait_quietly(requests)
 
     def _counts(self, c, mine: int, known: list[int] | None) -> np.ndarray:
         if known is not None:

@@ -8,6 +8,14 @@ parsed, not decoded); ``preprocess`` decodes and augments them on a tf.data pool
 caller's thread. Compute-only members run the exchange stage alone. Queue occupancy is sampled
 every ``sample_interval`` seconds (the paper's Fig. 3). Any stage's exception stops the pipeline
 and is re-raised to the consumer, naming the stage.
+
+The producers run on the (infinite) stream until told where to stop, so a measured window never
+sees them idle because they already produced everything the run needs. Stopping is collective,
+because the exchange stage's collectives must match on every member: :meth:`Pipeline.freeze`
+stops the exchange stage before its next step and returns how many it began; the members agree on
+the largest count (an all-reduce), :meth:`Pipeline.finish` lets every exchange stage run up to it,
+and :meth:`Pipeline.drain` discards what the consumer no longer takes. What the producers make
+after the consumer's last measured step is never consumed or counted.
 """
 from __future__ import annotations
 
@@ -50,11 +58,11 @@ def quantizer(preprocessing: str):
 
 
 class Pipeline:
-    def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int, steps: int,
+    def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
                  preprocessing: str, image_size: int, threads: int, order_seed: int, prep_seed: int,
                  shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
                  wire_dtype: str, sample_interval: float, events):
-        self.m, self.engine, self.rank, self.batch, self.steps = manifest, engine, rank, batch, steps
+        self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
         self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
         self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
@@ -65,9 +73,14 @@ class Pipeline:
         self.depth = queue_depth
         self.stop = threading.Event()
         self.failure: tuple[str, BaseException, str] | None = None
-        self.skipped: list[str] = []
+        self._skipped: list[tuple[int, str]] = []  # (global batch index, sample key) of skipped records
         self.samples: list[tuple[float, int, int, int]] = []
         self._threads: list[threading.Thread] = []
+        self.preprocessed = 0  # images this member's preprocess stage has produced
+        # the exchange stage's steps: begun, completed, and the limit it may not pass (None: none)
+        self._cond = threading.Condition()
+        self._begun = self._done = 0
+        self._limit: int | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
     def _options(self) -> tf.data.Options:
@@ -119,14 +132,13 @@ class Pipeline:
     def _read(self) -> None:
         lo, hi = self.share
         stream = sample_stream(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt)
-        ds = slice_of_batch(stream, self.batch, lo, hi).take(self.steps)
+        ds = slice_of_batch(stream, self.batch, lo, hi)
         ds = ds.map(lambda b: load_samples(self.m.kind, b)).with_options(self._options())
         try:
             for b in ds:
                 self._put("preprocessing", {k: v.numpy() for k, v in b.items()})
         except tf.errors.DataLossError:
             raise DataError(locate_corrupt_record(self.m)) from None
-        self._put("preprocessing", None)
 
     def _preprocess(self) -> None:
         prep = make_preprocess_fn(self.preprocessing, self.size, self.fast_mode)
@@ -135,10 +147,8 @@ class Pipeline:
         prep_seed = np.int64(self.prep_seed)
 
         def gen():
-            while True:
+            while not self.stop.is_set():
                 item = self._get("preprocessing")
-                if item is None:
-                    return
                 pending.append(item)
                 yield {k: item[k] for k in ("encoded", "id", "epoch", "position", "label")}
 
@@ -166,10 +176,12 @@ class Pipeline:
         while True:
             try:
                 images, meta = next(it)
-            except StopIteration:
-                break
-            except tf.errors.InvalidArgumentError as e:
-                raise DataError(self._diagnose(pending, e)) from None
+            except (StopIteration, tf.errors.OpError) as e:
+                if self.stop.is_set():  # closed while the stage waited for its input
+                    raise _Stopped from None
+                if isinstance(e, tf.errors.InvalidArgumentError):
+                    raise DataError(self._diagnose(pending, e)) from None
+                raise
             raw = pending.popleft()
             images, meta = images.numpy(), meta.numpy()
             if self.skip_corrupt:
@@ -178,8 +190,10 @@ class Pipeline:
                 lost = set(raw["id"].tolist()) - set(meta[:, 0].tolist())
                 if lost:
                     keys = [k.decode() for k, i in zip(raw["key"], raw["id"]) if i in lost]
-                    self.skipped += keys
-                    self.events.log("skipped", keys=keys, reason="undecodable image")
+                    batch = int(raw["position"][0]) // self.batch
+                    self._skipped += [(batch, k) for k in keys]
+                    self.events.log("skipped", keys=keys, batch=batch, reason="undecodable image")
+            self.preprocessed += len(meta)
             self._put("exchange", Batch(np.ascontiguousarray(images), np.ascontiguousarray(meta)))
 
     @staticmethod
@@ -194,9 +208,16 @@ class Pipeline:
         return f"preprocessing failed: {error.message.splitlines()[0]}"
 
     def _exchange(self) -> None:
-        for _ in range(self.steps):
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self.stop.is_set() or self._limit is None or self._begun < self._limit)
+                if self.stop.is_set():
+                    raise _Stopped
+                self._begun += 1
             mine = self._get("exchange") if self.is_preprocessor else None
             self._put("compute", self.engine.run(mine))
+            with self._cond:
+                self._done += 1
 
     def _sample(self) -> None:
         set_thread_name("enspipe-sampler")
@@ -219,8 +240,49 @@ class Pipeline:
     def occupancy(self) -> dict:
         return {q: self.queues[q].qsize() for q in QUEUES}
 
+    def skipped(self, batches: int) -> list[str]:
+        """Keys of the records this member skipped in the first ``batches`` global batches (those
+        consumed; the producers may have gone further)."""
+        return [key for b, key in self._skipped if b < batches]
+
+    def saturated(self) -> bool:
+        """Whether every queue this member's stages fill is full: back-pressure has reached the
+        first stage, so the producers run at the consumer's pace (an accelerator-bound steady state)."""
+        names = QUEUES if self.is_preprocessor else ("compute",)
+        return all(self.queues[q].qsize() >= self.depth for q in names)
+
+    def freeze(self) -> int:
+        """Let the exchange stage finish the step it is in but begin no other; returns how many
+        steps it has begun (the members then agree on the largest, see :meth:`finish`)."""
+        with self._cond:
+            self._limit = self._begun
+            return self._begun
+
+    def finish(self, steps: int) -> None:
+        """Let the exchange stage run exactly ``steps`` steps in all (the same on every member)."""
+        with self._cond:
+            self._limit = steps
+            self._cond.notify_all()
+
+    def drain(self) -> int:
+        """Discard batches until the exchange stage has delivered its last step; returns how many."""
+        drained = 0
+        while True:
+            with self._cond:
+                last = self._limit is not None and self._done >= self._limit
+            if last and self.queues["compute"].empty():
+                return drained
+            try:
+                self.queues["compute"].get(timeout=0.05)
+                drained += 1
+            except queue.Empty:
+                if self.failure is not None:
+                    self._get("compute")  # raises PipelineFailed, naming the stage
+
     def close(self, timeout: float = 10.0) -> None:
         self.stop.set()
+        with self._cond:
+            self._cond.notify_all()
         for t in self._threads:
             t.join(timeout)
 

@@ -1,9 +1,17 @@
 """The per-cell program: one ensemble member per MPI rank, run under ``mpiexec``/``srun``.
 
-Each rank pins itself to its cores, builds its pipeline and consumer, consumes ``warmup + steps``
-batches and reports. Rank 0 gathers the per-rank reports and writes ``summary.json`` last and
-atomically. Any failure on any rank aborts the whole job (``MPI_Abort``) after logging it, so a
-job never hangs and never leaves a summary that looks complete.
+Each rank finds its place (host, cores) and pins itself, builds its pipeline and consumer, and
+then, read top to bottom in :func:`_run_member`:
+
+1. warm-up: unmeasured steps until every member's pipeline is in its steady state (at least
+   ``--warmup`` steps; decided together, so every member opens its window at the same step);
+2. the measured window: ``--steps`` steps, the producers running throughout;
+3. the producers stop together and what they made beyond the window is discarded;
+4. rank 0 gathers the per-rank reports and the node monitors' integrals and writes
+   ``summary.json``, last and atomically.
+
+Any failure on any rank aborts the whole job (``MPI_Abort``) after logging it, so a job never
+hangs and never leaves a summary that looks complete.
 """
 from __future__ import annotations
 
@@ -65,25 +73,22 @@ def _write_error(out: str, rank: int, message: str, tb: str) -> None:
 def _run_member(cfg: RunConfig, comm, scheme) -> int:
     from mpi4py import MPI
 
-    from enspipe.affinity import assign_cores, available_cores, configure_tensorflow_threads, pin_process
+    from enspipe.affinity import configure_tensorflow_threads, pin_process
+    from enspipe.placement import place
 
     rank, n = comm.Get_rank(), comm.Get_size()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    local_rank, local_size = local.Get_rank(), local.Get_size()
-    local.Free()
-    host = MPI.Get_processor_name()
+    where = place(comm, MPI, cfg.cores)
     os.makedirs(cfg.out, exist_ok=True)
-    monitor = _start_node_monitor(cfg, host) if local_rank == 0 else None  # before pinning: not on our cores
-    cores, sharing_cores = assign_cores(available_cores(), cfg.cores, local_rank, local_size)
-    affinity = pin_process(cores)
-    threads = cfg.cores or len(cores)
+    monitor = _start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
+    affinity = pin_process(where.cores)
+    threads = cfg.cores or len(where.cores)
     configure_tensorflow_threads(threads)
 
     import tensorflow as tf
 
     from enspipe.accounting import EpochLedger
     from enspipe.consumers import make_consumer
-    from enspipe.data import batch_checksum, digest_of, load_manifest, write_json_atomic
+    from enspipe.data import load_manifest, write_json_atomic
     from enspipe.events import EventLog
     from enspipe.exchange import ExchangeEngine, Mpi4pyTransport
     from enspipe.networks import NETWORKS
@@ -98,14 +103,16 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     preprocessing = NETWORKS[cfg.network].preprocessing
     manifest = load_manifest(cfg.data)
     role = scheme.role(rank)
-    events.log("config", config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=role, host=host,
-               local_rank=local_rank, cores=affinity, sharing_cores=sharing_cores, threads=threads,
-               preprocessing=preprocessing, share=scheme.share(rank, cfg.global_batch),
+    events.log("config", config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=role, host=where.host,
+               host_rank=where.host_rank, mpi_node=where.mpi_node, cores=affinity, sharing_cores=where.sharing_cores,
+               threads=threads, placement=where.as_dict(), preprocessing=preprocessing,
+               share=scheme.share(rank, cfg.global_batch),
                dataset={"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                         "digest": manifest.digest, "synthetic": manifest.synthetic})
     _say(rank, f"{scheme.name} n={n} p={scheme.p} {cfg.network} batch={cfg.global_batch} "
                f"{cfg.consumer}{' (emulated accelerator)' if cfg.consumer == 'emulated' else ''} "
-               f"steps={cfg.warmup}+{cfg.steps} cores={cfg.cores or 'all'} {cfg.image_size}px -> {cfg.out}")
+               f"steps={cfg.warmup}+{cfg.steps} cores={cfg.cores or 'all'} {cfg.image_size}px"
+               f"{' OVERSUBSCRIBED' if where.oversubscribed else ''} -> {cfg.out}")
 
     size = cfg.image_size
     wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
@@ -121,78 +128,71 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
     seed_offset = 0 if scheme.shared else rank  # baseline members each have their own stream
-    pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=cfg.global_batch, steps=cfg.total_steps,
+    pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=cfg.global_batch,
                         preprocessing=preprocessing, image_size=size, threads=threads,
                         order_seed=cfg.seed + seed_offset, prep_seed=cfg.seed + seed_offset,
                         shuffle_buffer=cfg.shuffle_buffer, queue_depth=cfg.queue_depth,
                         skip_corrupt=cfg.skip_corrupt, fast_mode=cfg.fast_mode, wire_dtype=cfg.wire_dtype,
                         sample_interval=cfg.sample_interval, events=events)
-
-    ledger = EpochLedger(manifest.num_images)
-    fault = _injected_fault(rank)
-    step_times, waits, losses = [], [], []
-    images = 0
+    member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images), events)
     slurm = _slurm_counter(cfg) if rank == 0 else None
+
+    # -- warm-up: unmeasured steps until every member's pipeline is in its steady state --------
     t_start = time.time()
     if monitor:
         monitor.mark("warmup_start", t_start)
     pipeline.start()
-    t0 = cpu0 = None
-    for step in range(cfg.total_steps):
-        if step == cfg.warmup:
-            slurm_j0 = _read_slurm(slurm)  # an sstat subprocess: before the window opens
-            t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
-            comm0 = transport.stats.as_dict()
-            if monitor:
-                monitor.mark("measure_start", wall0)
-            events.log("measure_start", step=step)
-        if fault and fault[0] == step:
-            _inject(fault[1], rank, step)
-        t_req = time.perf_counter()
-        batch = pipeline.next_batch()
-        t_got = time.perf_counter()
-        out = consumer.step(batch.images, batch.meta[:, 3])
-        t_done = time.perf_counter()
-        ledger.add(batch.meta[:, 0], batch.meta[:, 1])
-        if step >= cfg.warmup:
-            images += len(batch)
-            step_times.append(t_done - t_req)
-            waits.append(t_got - t_req)
-        if "loss" in out:
-            losses.append(out["loss"])
-        events.log("step", step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
-                   measured=step >= cfg.warmup, queues=pipeline.occupancy(),
-                   batch_digest=digest_of(batch.meta[:, 0]),
-                   **({"batch_checksum": batch_checksum(batch)} if cfg.batch_checksums else {}), **out)
+    warmup_steps, steady = _warm_up(cfg, comm, member)
+
+    # -- the measured window: cfg.steps steps, the producers running throughout -----------------
+    slurm_j0 = _read_slurm(slurm)  # an sstat subprocess: before the window opens
+    t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
+    comm0, prep0 = transport.stats.as_dict(), pipeline.preprocessed
+    if monitor:
+        monitor.mark("measure_start", wall0)
+    events.log("measure_start", step=warmup_steps, steady=steady)
+    for step in range(warmup_steps, warmup_steps + cfg.steps):
+        member.step(step, measured=True)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
+    preprocessed = pipeline.preprocessed - prep0
+    comm1 = transport.stats.as_dict()
     slurm_j1 = _read_slurm(slurm)
-    events.log("measure_end", step=cfg.total_steps)
+    events.log("measure_end", step=warmup_steps + cfg.steps)
     if monitor:
         monitor.mark("measure_end", wall1)
+
+    # -- stop the producers together (their collectives must match), discarding what is left ---
+    discarded = _stop_producers(comm, pipeline)
     pipeline.close()
     transport.close()
 
-    epochs = ledger.completed()
+    epochs = member.ledger.completed()
     for e in epochs:
         events.log("epoch", **e)
+    images = member.images
     report = {
-        "rank": rank, "host": host, "role": role, "local_rank": local_rank, "cores": affinity,
-        "sharing_cores": sharing_cores, "threads": threads, "share": list(scheme.share(rank, cfg.global_batch)),
+        "rank": rank, "host": where.host, "role": role, "host_rank": where.host_rank, "mpi_node": where.mpi_node,
+        "cores": affinity, "sharing_cores": where.sharing_cores, "threads": threads,
+        "share": list(scheme.share(rank, cfg.global_batch)),
         "learning_rate": cfg.lr_for(rank) if cfg.consumer == "train" else None,
-        "images": images, "seconds": seconds, "images_per_second": images / seconds if seconds > 0 else None,
+        "images": images, "images_preprocessed": preprocessed, "seconds": seconds,
+        "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
         "thread_cpu_seconds": thread_cpu,
-        "step_time_p50": _percentile(step_times, 50), "step_time_p95": _percentile(step_times, 95),
-        "wait_time_mean": float(np.mean(waits)) if waits else None,
+        "step_time_p50": _percentile(member.step_times, 50), "step_time_p95": _percentile(member.step_times, 95),
+        "wait_time_mean": float(np.mean(member.waits)) if member.waits else None,
+        "starved_fraction": member.starved / cfg.steps,
         "queue_occupancy": pipeline.occupancy_stats(wall0, wall1),
-        "epochs": epochs, "partial_epoch": ledger.partial(), "skipped": pipeline.skipped,
-        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "epochs": epochs, "partial_epoch": member.ledger.partial(), "skipped": pipeline.skipped(warmup_steps + cfg.steps),
+        "loss_first": member.losses[0] if member.losses else None,
+        "loss_last": member.losses[-1] if member.losses else None,
         "device": getattr(consumer, "device", None),
         "measured_window": {"start": wall0, "end": wall1}, "started": t_start,
+        "warmup_steps": warmup_steps, "discarded_batches": discarded,
         "exchange_paths": {",".join(map(str, g)): p for g, p in transport.paths.items()},
         # collectives in the measured window (the exchange stage runs up to a queue ahead of it)
-        **{k: v - comm0[k] for k, v in transport.stats.as_dict().items()},
+        **{k: v - comm0[k] for k, v in comm1.items()},
     }
     # the job's window: from the first member's measurement start to the last one's end
     job_t0, job_t1 = comm.allreduce(wall0, op=MPI.MIN), comm.allreduce(wall1, op=MPI.MAX)
@@ -218,6 +218,8 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
                         "digest": manifest.digest, "synthetic": manifest.synthetic},
             "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
             "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
+            "window": _window_summary(scheme, reports, warmup_steps, steady),
+            "placement": where.as_dict(),
             **measured,
             "ranks": reports,
             "machine": _machine(tf),
@@ -235,6 +237,118 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     events.close()
     comm.Barrier()
     return 0
+
+
+# -- the consumer side of one member ----------------------------------------------------------------
+class _Member:
+    """One member's consumer side: takes its pipeline's batches, feeds its consumer, keeps the
+    exactly-once ledger and logs one event per step; the measured steps' numbers accumulate."""
+
+    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, events):
+        self.cfg, self.pipeline, self.consumer, self.ledger, self.events = cfg, pipeline, consumer, ledger, events
+        self.fault = _injected_fault(rank)
+        self.step_times: list[float] = []
+        self.waits: list[float] = []
+        self.losses: list[float] = []
+        self.images = self.starved = 0
+
+    def step(self, step: int, measured: bool) -> bool:
+        """Consume one batch; returns whether the pipeline looked steady when it was asked for it:
+        the batch was not there yet (the producers set the pace) or every queue was full (the
+        consumer does)."""
+        from enspipe.data import batch_checksum, digest_of
+
+        if self.fault and self.fault[0] == step:
+            _inject(self.fault[1], step)
+        queues = self.pipeline.occupancy()
+        starved, saturated = queues["compute"] == 0, self.pipeline.saturated()
+        t_req = time.perf_counter()
+        batch = self.pipeline.next_batch()
+        t_got = time.perf_counter()
+        out = self.consumer.step(batch.images, batch.meta[:, 3])
+        t_done = time.perf_counter()
+        self.ledger.add(batch.meta[:, 0], batch.meta[:, 1])
+        if measured:
+            self.images += len(batch)
+            self.starved += starved
+            self.step_times.append(t_done - t_req)
+            self.waits.append(t_got - t_req)
+        if "loss" in out:
+            self.losses.append(out["loss"])
+        self.events.log("step", step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
+                        measured=measured, queues=queues, starved=starved, saturated=saturated,
+                        batch_digest=digest_of(batch.meta[:, 0]),
+                        **({"batch_checksum": batch_checksum(batch)} if self.cfg.batch_checksums else {}), **out)
+        return starved or saturated
+
+
+STEADY_STEPS = 3  # a member's pipeline is steady if one of its last 3 steps looked steady
+
+
+def max_warmup(cfg: RunConfig) -> int:
+    """The most unmeasured steps before the window opens anyway: ``warmup`` plus three times what
+    the stage queues hold (time enough to fill them whenever the producers outpace the consumer)."""
+    from enspipe.pipeline import QUEUES
+
+    return cfg.warmup + 3 * len(QUEUES) * cfg.queue_depth
+
+
+def _warm_up(cfg: RunConfig, comm, member: _Member) -> tuple[int, bool | None]:
+    """Unmeasured steps before the window: at least ``cfg.warmup``, then until every member's
+    pipeline is steady, i.e. the queues are not filling: the consumer found its batch missing in
+    one of its last :data:`STEADY_STEPS` steps (it waits for the producers) or found every queue
+    full (the producers wait for it). Decided together (an all-reduce per step), so every member
+    opens its window at the same step; after :func:`max_warmup` steps the window opens anyway and
+    ``steady`` is False. ``--warmup 0`` measures from the first step (``steady`` is None)."""
+    if cfg.warmup == 0:
+        return 0, None
+    recent: list[bool] = []
+    step, limit = 0, max_warmup(cfg)
+    while True:
+        recent = (recent + [member.step(step, measured=False)])[-STEADY_STEPS:]
+        step += 1
+        if step >= cfg.warmup:
+            if _all(comm, any(recent)):
+                return step, True
+            if step >= limit:
+                return step, False
+
+
+def _all(comm, flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (an all-reduce that sleeps while it waits)."""
+    from mpi4py import MPI
+
+    from enspipe.exchange import wait_quietly
+
+    out = np.zeros(1, np.int32)
+    wait_quietly([comm.Iallreduce(np.array([int(flag)], np.int32), out, op=MPI.MIN)])
+    return bool(out[0])
+
+
+def _stop_producers(comm, pipeline) -> int:
+    """Stop every member's exchange stage at the same step (the largest any has begun), so its
+    collectives all complete, and discard the batches no one will consume; returns how many."""
+    from mpi4py import MPI
+
+    from enspipe.exchange import wait_quietly
+
+    begun = np.array([pipeline.freeze()], np.int64)
+    last = np.zeros(1, np.int64)
+    wait_quietly([comm.Iallreduce(begun, last, op=MPI.MAX)])
+    pipeline.finish(int(last[0]))
+    return pipeline.drain()
+
+
+def _window_summary(scheme, reports: list[dict], warmup_steps: int, steady: bool | None) -> dict:
+    """Whether the window's CPU and its images describe the same work: the images the members
+    preprocessed inside it against those they had to (every member's own batches for the
+    baseline; one copy of each shared batch otherwise)."""
+    delivered = [r["images"] for r in reports]
+    needed = sum(delivered) if not scheme.shared else max(delivered)
+    made = sum(r["images_preprocessed"] for r in reports)
+    return {"warmup_steps": warmup_steps, "steady": steady, "images_preprocessed": made, "images_needed": needed,
+            "balance": made / needed if needed else None,
+            "starved_fraction": float(np.mean([r["starved_fraction"] for r in reports]))}
 
 
 def _start_node_monitor(cfg: RunConfig, host: str):
@@ -270,7 +384,7 @@ def _injected_fault(rank: int) -> tuple[int, str] | None:
     return (int(step), kind) if int(r) == rank else None
 
 
-def _inject(kind: str, rank: int, step: int) -> None:
+def _inject(kind: str, step: int) -> None:
     if kind == "kill":
         import signal
 
