@@ -1,0 +1,42 @@
+"""What the benchmark scripts share: the dataset, one cell under mpiexec, and spread statistics."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def dataset(images: int = 1000) -> str:
+    """The embedded dataset of ``images`` images in the temp folder (made once, then reused)."""
+    from enspipe.synthetic import ensure_dataset
+
+    return ensure_dataset(os.path.join(tempfile.gettempdir(), f"enspipe-bench-{images}"), images).root
+
+
+def run_cell(data: str, n: int, args: list[str], launcher: tuple[str, ...] = ()) -> dict:
+    """``mpiexec -n N enspipe run ARGS`` on ``data``; returns its summary."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [MPIEXEC, *launcher, "-n", str(n), sys.executable, "-m", "enspipe", "run", "--data", data,
+               "--out", out, *map(str, args)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        with open(os.path.join(out, "summary.json")) as f:
+            return json.load(f)
+
+
+def cpu_per_image(s: dict) -> float:
+    """Process CPU-seconds of all members per delivered image per member (the cell's own CPU)."""
+    return s["cpu_seconds_total"] / float(np.mean([r["images"] for r in s["ranks"]])) / s["n"]
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    """``median (min-max)`` of the values times ``scale``."""
+    v = np.asarray(values, float) * scale
+    return f"{np.median(v):.{digits}f} ({v.min():.{digits}f}-{v.max():.{digits}f})"

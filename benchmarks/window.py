@@ -1,0 +1,78 @@
+"""Is a cell's CPU per delivered image independent of how long its window is?
+
+    python benchmarks/window.py [--schemes ...] [--steps 20,100] [--repeats 3]
+
+A window must count only the work done inside it: the same cell measured over 20 and over 100
+steps must give the same CPU per delivered image. This runs every scheme at n = 2 in two regimes,
+each at every step count, the runs interleaved (repeat, cell, step count), and prints per cell
+the median and range of the cell's own process CPU per delivered image per member at each step
+count, their ratio (the window-length error; target within 10%), the window's balance (images
+preprocessed inside it over the images it had to preprocess: 1.0 when CPU and images describe the
+same work) and how many steps the warm-up took:
+
+* ``preprocessing-bound``: alexnet_v2 (inception preprocessing), an emulated accelerator far
+  faster than the preprocessing (``--fast-rate``): the queues stay empty;
+* ``accelerator-bound``: vgg_a, an emulated accelerator at ``--slow-rate`` images/s (the issue's
+  example cell: rate 40, batch 16): the queues are full.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+
+import numpy as np
+
+from cells import cpu_per_image, dataset, run_cell, spread
+
+SCHEMES = {"baseline": [], "all_shared": [], "single_broadcast": ["--preprocessors", "1"],
+           "multi_broadcast": ["--preprocessors", "1"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--regimes", default="preprocessing-bound,accelerator-bound")
+    ap.add_argument("--steps", default="20,100")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--slow-rate", type=float, default=40.0, help="the accelerator-bound cell's rc (images/s)")
+    ap.add_argument("--fast-rate", type=float, default=5000.0, help="the preprocessing-bound cell's rc")
+    ap.add_argument("--cores", default=None, help="--cores per member (default: all)")
+    ap.add_argument("--images", type=int, default=1000)
+    a = ap.parse_args()
+    regimes = {"preprocessing-bound": ("alexnet_v2", a.fast_rate), "accelerator-bound": ("vgg_a", a.slow_rate)}
+    data = dataset(a.images)
+    steps = [int(s) for s in a.steps.split(",")]
+    cells = list(itertools.product(a.regimes.split(","), a.schemes.split(",")))
+    runs: dict = {}
+    for rep in range(a.repeats):  # interleaved: every cell and step count once per repeat
+        for (regime, scheme), k in itertools.product(cells, steps):
+            network, rate = regimes[regime]
+            args = ["--network", network, "--scheme", scheme, *SCHEMES[scheme], "--consumer", "emulated",
+                    "--rate", rate, "--batch-size", a.batch, "--steps", k, "--warmup", a.warmup,
+                    "--image-size", a.size, *(["--cores", a.cores] if a.cores else [])]
+            runs.setdefault((regime, scheme, k), []).append(run_cell(data, a.n, args))
+            print(f"  repeat {rep + 1}/{a.repeats}: {regime} {scheme} {k} steps done", flush=True)
+    print(f"\nn = {a.n}, batch {a.batch}, {a.size} px, warm-up >= {a.warmup}, cores per member "
+          f"{a.cores or 'all'}, {a.repeats} repeats, {os.cpu_count()} CPUs; process CPU ms per delivered image per "
+          f"member, median (min-max)")
+    head = "".join(f"{f'{k} steps':>22}" for k in steps)
+    print(f"{'regime':<21}{'scheme':<18}{head}{'ratio':>8}{'balance':>18}{'warm-up steps':>15}{'img/s/member':>14}")
+    for regime, scheme in cells:
+        per = {k: runs[(regime, scheme, k)] for k in steps}
+        cpu = {k: [cpu_per_image(s) for s in per[k]] for k in steps}
+        ratio = np.median(cpu[steps[0]]) / np.median(cpu[steps[-1]])
+        bal = [s["window"]["balance"] for k in steps for s in per[k]]
+        warm = [s["window"]["warmup_steps"] for k in steps for s in per[k]]
+        rate = [s["images_per_second_per_member"] for s in per[steps[-1]]]
+        cols = "".join(f"{spread(cpu[k], 1000):>22}" for k in steps)
+        print(f"{regime:<21}{scheme:<18}{cols}{ratio:>8.2f}{spread(bal):>18}{f'{min(warm)}-{max(warm)}':>15}"
+              f"{np.median(rate):>14.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
