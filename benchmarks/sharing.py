@@ -15,32 +15,26 @@ the CPU time of the read and preprocess threads and their TensorFlow pools). Eac
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
+
+from cells import dataset, run_cell
 
 PREPROCESSING_THREADS = ("enspipe-read", "enspipe-preproc")  # thread groups named by the pipeline
 COMM_THREADS = ("enspipe-horovod",)  # Horovod's background thread does its collectives' work
 
 
-def run_cell(data, out, n, scheme, p, a) -> dict:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n), sys.executable, "-m", "enspipe",
-           "run", "--data", data, "--out", out, "--scheme", scheme, "--network", a.network, "--consumer", "peak",
-           "--batch-size", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup), "--image-size",
-           str(a.size), "--transport", a.transport]
+def cell_args(scheme, p, a) -> list:
+    args = ["--scheme", scheme, "--network", a.network, "--consumer", "peak", "--batch-size", a.batch,
+            "--steps", a.steps, "--warmup", a.warmup, "--image-size", a.size, "--transport", a.transport]
     if p:
-        cmd += ["--preprocessors", str(p)]
+        args += ["--preprocessors", p]
     if a.exchange == "mpi":
-        cmd += ["--no-node-shm"]
+        args += ["--no-node-shm"]
     if a.cores:
-        cmd += ["--cores", str(a.cores)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    with open(os.path.join(out, "summary.json")) as f:
-        return json.load(f)
+        args += ["--cores", a.cores]
+    return args
 
 
 def main() -> None:
@@ -60,9 +54,7 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=None, help="--cores per member (default: all)")
     ap.add_argument("--schemes", default="baseline,all_shared,single_broadcast,multi_broadcast")
     a = ap.parse_args()
-    from enspipe.synthetic import ensure_dataset
-
-    data = ensure_dataset(os.path.join(tempfile.gettempdir(), f"enspipe-bench-{a.images}"), a.images).root
+    data = dataset(a.images)
     print(f"{a.network}, batch {a.batch}, {a.size} px, {a.warmup}+{a.steps} steps, transport {a.transport}, exchange {a.exchange}, cores {a.cores or 'all'}, "
           f"{os.cpu_count()} CPUs")
     print(f"{'scheme':<18}{'N':>3}{'P':>3}{'img/s/member':>14}{'CPU ms/img/member':>19}{'vs baseline':>13}"
@@ -75,8 +67,7 @@ def main() -> None:
                 continue
             rates, cpus, comms = [], [], []
             for _ in range(a.repeats):
-                with tempfile.TemporaryDirectory() as out:
-                    s = run_cell(data, out, n, scheme, p, a)
+                s = run_cell(data, n, cell_args(scheme, p, a))
                 ranks = s["ranks"]
                 rates.append(s["images_per_second_per_member"])
                 cpus.append(float(np.mean([r["cpu_seconds"] / r["images"] for r in ranks])))
