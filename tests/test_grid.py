@@ -8,7 +8,7 @@ import yaml
 
 from enspipe import grid
 from enspipe.calibration import rates
-from enspipe.collect import COLUMNS, cell_row
+from enspipe.collect import ROW_COLUMNS, add_reductions, cell_row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +108,7 @@ def test_tidy_row_of_a_summary():
                     "epochs": [{"epoch": 0, "count": 20, "digest": "ab", "missing": 0}]}
                    for i, r in enumerate((10.0, 20.0))]}
     row = cell_row("results/runs/vgg_a/all_shared/n2_p2/c1/emulated/rep0/summary.json", s)
-    assert set(row) == set(COLUMNS)
+    assert set(row) == set(ROW_COLUMNS)
     assert (row["network"], row["scheme"], row["n"], row["cores"], row["rep"]) == ("vgg_a", "all_shared", 2, "1", 0)
     assert row["node_cpu_seconds_per_image"] == pytest.approx(4.4 / 32 / 2)
     assert row["runtime_mean"] == 2.5 and row["runtime_max"] == 3.0 and row["per_core_busy_mean"] == 55.0
@@ -126,3 +126,22 @@ def test_measured_rc_is_used_for_trained_networks(tmp_path):
     r = rates(cfg, {}, {"vgg_a": str(m)})
     assert r["networks"]["vgg_a"]["rc"] == 154.0 and "GPU" in r["networks"]["vgg_a"]["rc_source"]
     assert r["networks"]["alexnet_v2"]["rc"] == 656.0
+
+
+def test_reductions_against_the_baseline_and_their_ceiling():
+    import pandas as pd
+
+    key = {"network": "vgg_a", "consumer": "emulated", "cores": "1", "batch_size": 8, "image_size": 64}
+    df = pd.DataFrame([
+        {**key, "n": 2, "scheme": "baseline", "node_cpu_seconds_per_image": 4.0, "process_cpu_seconds_per_image": 3.0},
+        {**key, "n": 2, "scheme": "baseline", "node_cpu_seconds_per_image": 2.0, "process_cpu_seconds_per_image": 3.0},
+        {**key, "n": 2, "scheme": "all_shared", "node_cpu_seconds_per_image": 1.6, "process_cpu_seconds_per_image": 1.5},
+        {**key, "n": 2, "scheme": "multi_broadcast", "node_cpu_seconds_per_image": 1.5,
+         "process_cpu_seconds_per_image": 1.0},
+        {**key, "n": 4, "scheme": "all_shared", "node_cpu_seconds_per_image": 1.0, "process_cpu_seconds_per_image": 1.0},
+    ])
+    out = add_reductions(df)
+    assert out["cpu_reduction_node"].tolist()[2:4] == [3.0 / 1.6, 2.0] and out["cpu_reduction_process"][2] == 2.0
+    assert out["exceeds_ceiling"].tolist()[2:4] == [False, True]  # 3x by process CPU between 2 members
+    assert out["reduction_ceiling"][2] == 2 and out.iloc[:2]["exceeds_ceiling"].isna().all()
+    assert pd.isna(out["cpu_reduction_node"][4]) and pd.isna(out["exceeds_ceiling"][4])  # no baseline at n = 4

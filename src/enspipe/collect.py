@@ -2,7 +2,17 @@
 
 Members' per-rank numbers are reduced to the cell (means, spreads, sums); every row keeps the
 labels that say where its numbers came from (``accelerator``: measured / emulated / none;
-``energy_source`` and ``energy_modelled``; ``cpu_source``) and on what machine.
+``energy_source`` and ``energy_modelled``; ``cpu_source``) and on what machine, and how it ran:
+``oversubscribed`` (members on fewer cores than members x cores per member), whether its window
+opened in the steady state and describes the work done in it (``window_balance``: images
+preprocessed inside the window over those it needed, 1.0 ideally).
+
+CPU comes twice: the node's (``node_cpu_*``, mpstat, the paper's measure: everything on the
+node) and the cell's own processes' (``process_cpu_*``); ``node_quiet`` says whether they agree
+within :data:`QUIET_TOLERANCE`. Each shared cell's CPU reduction against the baseline of the same
+network, consumer, n and core limit is checked against its ceiling: sharing between n members
+saves at most n x, so a reduction above ``n * (1 + CEILING_TOLERANCE)`` is a measuring error and
+is flagged (``exceeds_ceiling``), never silently plotted.
 """
 from __future__ import annotations
 
@@ -14,7 +24,7 @@ import numpy as np
 from enspipe.atomic import atomic_open
 from enspipe.grid import Cell
 
-COLUMNS = (
+ROW_COLUMNS = (  # one cell's own summary (cell_row)
     "cell", "network", "scheme", "n", "p", "cores", "consumer", "rep",
     "accelerator", "emulated", "rate", "batch_size", "image_size", "steps", "warmup", "wire_dtype", "transport",
     "exchange_path", "window_seconds",
@@ -25,7 +35,15 @@ COLUMNS = (
     "energy_joules", "energy_above_idle_joules", "mean_watts", "energy_source", "energy_modelled",
     "idle_watts", "idle_source", "energy_modelled_joules",
     "queue_preprocessing_mean", "queue_compute_mean", "epochs_exact", "hosts", "machine", "summary",
+    "warmup_steps", "steady", "window_balance", "starved_fraction",
+    "members_per_host", "host_cpus", "cores_per_member", "oversubscribed", "node_vs_process_cpu", "node_quiet",
 )
+COLUMNS = ROW_COLUMNS + (  # and against its baseline (add_reductions)
+    "reduction_ceiling", "cpu_reduction_node", "cpu_reduction_process", "exceeds_ceiling",
+)
+QUIET_TOLERANCE = 0.20     # node CPU within 20% of the cell's processes' CPU: nothing else ran
+CEILING_TOLERANCE = 0.05   # a reduction above n by more than this is a measuring error
+BASELINE_KEY = ["network", "consumer", "n", "cores", "batch_size", "image_size"]
 
 
 def cell_row(path: str, s: dict) -> dict:
@@ -71,7 +89,53 @@ def cell_row(path: str, s: dict) -> dict:
         "queue_compute_mean": _mean([o.get("compute", {}).get("mean") for o in occ]),
         "epochs_exact": exact, "hosts": ",".join(sorted({r["host"] for r in ranks})),
         "machine": _machine(s), "summary": path,
+        **_window(s), **_placement(s, ranks), **_quiet(node_cpu, s["cpu_seconds_total"]),
     }
+
+
+def _window(s: dict) -> dict:
+    w = s.get("window") or {}
+    return {"warmup_steps": w.get("warmup_steps"), "steady": w.get("steady"), "window_balance": w.get("balance"),
+            "starved_fraction": w.get("starved_fraction")}
+
+
+def _placement(s: dict, ranks: list[dict]) -> dict:
+    """Members per host, the host's cores, the cores a member really has (its limit, or its share
+    of the host when members outnumber them) and whether members share cores."""
+    p = s.get("placement") or {}
+    members, cpus = p.get("members_per_host"), p.get("host_cpus")
+    share = cpus / members if members and cpus else None
+    limit = s.get("cores") or cpus
+    return {"members_per_host": members, "host_cpus": cpus,
+            "cores_per_member": min(limit, share) if share and limit else None,
+            "oversubscribed": p.get("oversubscribed", any(r.get("sharing_cores") for r in ranks))}
+
+
+def _quiet(node_cpu: float | None, process_cpu: float) -> dict:
+    if node_cpu is None or not process_cpu:
+        return {"node_vs_process_cpu": None, "node_quiet": None}
+    ratio = node_cpu / process_cpu
+    return {"node_vs_process_cpu": ratio, "node_quiet": bool(abs(ratio - 1) <= QUIET_TOLERANCE)}
+
+
+def add_reductions(df):
+    """Each non-baseline cell's CPU reduction against the baseline (mean over its repeats) of the
+    same network, consumer, n, core limit, batch and image size, by node and by process CPU, and
+    whether either breaks the ceiling of n (with :data:`CEILING_TOLERANCE`)."""
+    per_image = {"node": "node_cpu_seconds_per_image", "process": "process_cpu_seconds_per_image"}
+    base = df[df["scheme"] == "baseline"].groupby(BASELINE_KEY, as_index=False)[list(per_image.values())].mean()
+    ref = df[BASELINE_KEY].merge(base, on=BASELINE_KEY, how="left")  # row order kept
+    shared = (df["scheme"] != "baseline").to_numpy()
+    out = df.copy()
+    for kind, col in per_image.items():
+        out[f"cpu_reduction_{kind}"] = (ref[col].to_numpy(float) / df[col].to_numpy(float)).round(6)
+        out.loc[~shared, f"cpu_reduction_{kind}"] = float("nan")
+    has = shared & out[["cpu_reduction_node", "cpu_reduction_process"]].notna().any(axis=1).to_numpy()
+    limit = df["n"] * (1 + CEILING_TOLERANCE)
+    above = (out["cpu_reduction_node"] > limit) | (out["cpu_reduction_process"] > limit)
+    out["reduction_ceiling"] = df["n"].where(has)
+    out["exceeds_ceiling"] = above.where(has)
+    return out
 
 
 def _mean(xs):
@@ -92,7 +156,8 @@ def collect(paths: list[str]):
     for path in paths:
         with open(path) as f:
             rows.append(cell_row(path, json.load(f)))
-    return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("cell").reset_index(drop=True)
+    df = pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+    return add_reductions(df)[list(COLUMNS)].sort_values("cell").reset_index(drop=True)
 
 
 def write_cells_csv(df, path: str) -> None:

@@ -138,7 +138,8 @@ def utilisation_figure(df: pd.DataFrame, path_stem: str) -> None:
 
 def peak_figure(df: pd.DataFrame, rates: dict | None, path_stem: str, limited: bool) -> None:
     """Fig. 10a/b: peak(n) per scheme and P, one panel per network (and core limit), each
-    network's accelerator rate rc as a horizontal line."""
+    network's accelerator rate rc as a horizontal line; points are medians over repeats, bars
+    their min-max range."""
     import seaborn as sns
 
     which = "a core limit per member" if limited else "full cores"
@@ -152,29 +153,71 @@ def peak_figure(df: pd.DataFrame, rates: dict | None, path_stem: str, limited: b
     for ax, (net, cores) in zip(axes, panels):
         d = cells[(cells["network"] == net) & (cells["cores"] == cores)]
         sns.lineplot(d, x="n", y="images_per_second_per_member", hue="scheme (P)", hue_order=order, marker="o",
-                     ax=ax, errorbar=None)
+                     ax=ax, estimator="median", errorbar=("pi", 100), err_style="bars", err_kws={"capsize": 3})
         rc = ((rates or {}).get("networks", {}).get(net) or {}).get("rc")
         if rc:
             ax.axhline(rc, color="k", ls="--", lw=1, label=f"rc {net} = {rc:.0f} img/s")
         ax.legend(fontsize=7)
         ax.set(title=f"{net}, cores per member: {cores}", xlabel="ensemble size n", ylabel="images/s per member",
                xticks=sorted(d["n"].unique()))
+    reps = cells.groupby(["scheme", "p", "n", "cores"]).size()
+    spread = f"median of {reps.min()}" + (f"-{reps.max()}" if reps.max() > reps.min() else "") + \
+        " repeats per point, bars: min-max"
     fig.suptitle(title)
-    _save(fig, path_stem, provenance(cells))
+    _save(fig, path_stem, f"{spread}. {_placement_note(cells)}{provenance(cells)}")
+
+
+def _placement_note(d: pd.DataFrame) -> str:
+    """Which of the figure's cells had members sharing cores, or a node that was not quiet."""
+    notes = []
+    over = d[tables.flag(d, "oversubscribed")]
+    if len(over):
+        notes.append("members share cores (oversubscribed) at n = " + ", ".join(map(str, sorted(set(over["n"])))))
+    loud = d[~tables.flag(d, "node_quiet", default=True)]
+    if len(loud):
+        what = loud["cell"] if "cell" in loud else loud["network"] + " n=" + loud["n"].astype(str)
+        notes.append("NODE NOT QUIET (node CPU differs from the cells' own process CPU by more than 20%) in: "
+                     + ", ".join(sorted(set(what.astype(str)))))
+    return "".join(f"{n}. " for n in notes)
 
 
 def _bars(data: pd.DataFrame, x: str, y: str, hue: str, path_stem: str, title: str, ylabel: str, note: str,
-          ref: float | None = 1.0) -> None:
-    import seaborn as sns
+          ref: float | None = 1.0, marker: str | None = None, marker_label: str = "",
+          ceiling: str | None = None, flag: str | None = None) -> None:
+    """Grouped bars of ``y`` (one per ``x`` and ``hue``), each labelled with its value; optionally
+    a second measure of each bar as a black cross (``marker``), each bar's ceiling as a red dash,
+    and bars whose ``flag`` is set hatched (a measuring error)."""
+    xs = list(dict.fromkeys(data[x]))
+    hues = sorted(data[hue].unique(), key=scheme_order)
+    width = 0.8 / len(hues)
+    fig, ax = _plt().subplots(figsize=(min(13.0, max(6.0, 0.45 * len(xs) * max(1, len(hues)))), 4))
+    seen: set[str] = set()
 
-    fig, ax = _plt().subplots(figsize=(min(13.0, max(6.0, 0.45 * data[x].nunique() * max(1, data[hue].nunique()))), 4))
-    order = sorted(data[hue].unique(), key=scheme_order)
-    sns.barplot(data, x=x, y=y, hue=hue, hue_order=order, ax=ax, errorbar=None)
-    for c in ax.containers:
-        ax.bar_label(c, fmt="%.2f", fontsize=7)
+    def once(label: str) -> str:
+        return "_" if label in seen or seen.add(label) else label
+
+    for j, h in enumerate(hues):
+        d = data[data[hue] == h].set_index(x)
+        here = [(i, xv) for i, xv in enumerate(xs) if xv in d.index]
+        pos = np.array([i + (j - (len(hues) - 1) / 2) * width for i, _ in here])
+        rows = [d.loc[xv] for _, xv in here]
+        bars = ax.bar(pos, [r[y] for r in rows], width, label=str(h))
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        if marker:
+            ax.plot(pos, [r[marker] for r in rows], "kx", ms=6, label=once(marker_label))
+        if ceiling:
+            ax.hlines([r[ceiling] for r in rows], pos - width / 2, pos + width / 2, colors="red", linestyles="--",
+                      label=once("ceiling: n (sharing saves at most n x)"))
+        if flag:
+            for b, r in zip(bars, rows):
+                if tables.flags(pd.Series([r[flag]])).iloc[0]:
+                    b.set_hatch("//")
+                    b.set_edgecolor("red")
+                    b.set_label(once("above the ceiling: a measuring error"))
     if ref is not None:
         ax.axhline(ref, color="k", lw=0.8)
     ax.set(title=title, ylabel=ylabel, xlabel="")
+    ax.set_xticks(range(len(xs)), xs)
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(fig, path_stem, note)
@@ -188,15 +231,18 @@ def broadcast_cpu_figure(t11: pd.DataFrame, df: pd.DataFrame, path_stem: str) ->
                          zip(t11["network"], t11["consumer"], t11["n"], t11["cores"])],
                    scheme=[tables.scheme_label(s, p) for s, p in zip(t11["scheme"], t11["p"])])
     _bars(d, "cell", "relative_to_all_shared", "scheme", path_stem, title,
-          "node CPU-s per image / All-Shared's", provenance(df[df["scheme"] != "baseline"]))
+          "node CPU-s per image / All-Shared's", _placement_note(t11) + provenance(df[df["scheme"] != "baseline"]),
+          marker="relative_process", marker_label="the cells' own process CPU")
 
 
-def pair_figure(t: pd.DataFrame, value: str, df: pd.DataFrame, path_stem: str, title: str, ylabel: str) -> None:
+def pair_figure(t: pd.DataFrame, value: str, df: pd.DataFrame, path_stem: str, title: str, ylabel: str,
+                **bars) -> None:
     """Figs. 12 and 13: All-Shared against the baseline per network, one bar per n and core limit."""
     if t.empty:
         return _no_data(path_stem, title, "the grid has no baseline/All-Shared pairs with an accelerator and n > 1")
     d = t.assign(cell=[f"n={n}, cores per member: {c}" for n, c in zip(t["n"], t["cores"])])
-    _bars(d, "network", value, "cell", path_stem, title, ylabel, provenance(df.query(tables.TRAINING)))
+    _bars(d, "network", value, "cell", path_stem, title, ylabel,
+          _placement_note(t) + provenance(df.query(tables.TRAINING)), **bars)
 
 
 def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
@@ -252,14 +298,20 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
     peak_figure(df, rates, stem("fig10a_peak_full_cores"), limited=False)
     peak_figure(df, rates, stem("fig10b_peak_core_limit"), limited=True)
     broadcast_cpu_figure(t["fig11"], df, stem("fig11_broadcast_cpu"))
-    write_table(t["fig11"], stem("fig11_broadcast_cpu"), f"Fig. 11 data: node CPU-s per delivered image ({src})")
+    write_table(t["fig11"], stem("fig11_broadcast_cpu"),
+                f"Fig. 11 data: CPU-s per delivered image, node (mpstat) and the cells' own processes ({src})")
     pair_figure(t["fig12"], "reduction", df, stem("fig12_cpu_reduction"),
-                "Fig. 12: CPU reduction, All-Shared vs baseline", "baseline / All-Shared (node CPU-s per image)")
-    write_table(t["fig12"], stem("fig12_cpu_reduction"), f"Fig. 12 data: node CPU-s per delivered image ({src})")
+                "Fig. 12: CPU reduction, All-Shared vs baseline", "baseline / All-Shared (node CPU-s per image)",
+                marker="reduction_process", marker_label="by the cells' own process CPU", ceiling="n",
+                flag="exceeds_ceiling")
+    write_table(t["fig12"], stem("fig12_cpu_reduction"),
+                "Fig. 12 data: CPU-s per delivered image, node (mpstat) and the cells' own processes (`_process`); "
+                f"`exceeds_ceiling`: a reduction above n, a measuring error ({src})")
     pair_figure(t["fig13"], "speedup", df, stem("fig13_core_limit_speedup"),
                 "Fig. 13: runtime improvement of All-Shared over the baseline under core limits",
                 "baseline runtime / All-Shared runtime")
-    write_table(t["fig13"], stem("fig13_core_limit_speedup"), f"Fig. 13 data: images/s per member ({src})")
+    write_table(t["fig13"], stem("fig13_core_limit_speedup"),
+                f"Fig. 13 data: images/s per member, and CPU-s per delivered image, node and process ({src})")
     write_table(t["table3"], stem("table3_slowdown_1core"), f"Table 3: slowdown at 1 core vs full cores ({src})")
     idle_src = f"{idle['source']}{' (MODELLED)' if idle.get('modelled') else ''}" if idle else "none"
     write_table(t["table4"], stem("table4_idle_power"),

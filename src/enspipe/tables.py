@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from enspipe.collect import CEILING_TOLERANCE
 from enspipe.config import SCHEMES
 
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
@@ -47,6 +48,17 @@ def scheme_order(label: str) -> tuple[int, str]:
     return next((i for i, s in enumerate(SCHEMES) if str(label).startswith(s)), len(SCHEMES)), str(label)
 
 
+def flags(col: pd.Series, default: bool = False) -> pd.Series:
+    """A yes/no column as booleans (read back from CSV as bools, strings or floats); empty cells
+    are ``default``."""
+    return col.map(lambda v: default if pd.isna(v) else str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
+
+
+def flag(d: pd.DataFrame, column: str, default: bool = False) -> pd.Series:
+    """:func:`flags` of ``d[column]``, or ``default`` everywhere where the column is missing."""
+    return flags(d[column], default) if column in d else pd.Series(default, index=d.index, dtype=bool)
+
+
 def _empty(*columns: str) -> pd.DataFrame:
     return pd.DataFrame(columns=list(columns))
 
@@ -58,6 +70,32 @@ def _pair(df: pd.DataFrame, value: str, key: list[str], a: str = "baseline", b: 
     if piv.empty or not {a, b} <= set(piv.columns):
         return _empty(*key, a, b)
     return piv.dropna(subset=[a, b]).reset_index()[[*key, a, b]]
+
+
+def _flags(cells: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """Per ``key``: whether every cell's node was quiet (node CPU within 20% of its processes'),
+    whether any cell was oversubscribed, and the cells' accelerator kinds."""
+    if cells.empty:
+        return _empty(*key, "node_quiet", "oversubscribed", "accelerator")
+    g = cells.groupby(key)
+    return pd.DataFrame({
+        "node_quiet": g["node_quiet"].agg(lambda v: bool(flags(v, True).all())),
+        "oversubscribed": g["oversubscribed"].agg(lambda v: bool(flags(v).any())),
+        "accelerator": g["accelerator"].agg(lambda v: "/".join(sorted(set(v.dropna().astype(str))))),
+    }).reset_index()
+
+
+def _pair_cpu(d: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """Baseline and All-Shared CPU-s per delivered image side by side per ``key``: the node's
+    (mpstat, the paper's measure) and the cells' own processes' (``_process``), with the flags."""
+    node = _pair(d, "node_cpu_seconds_per_image", key)
+    proc = _pair(d, "process_cpu_seconds_per_image", key).rename(
+        columns={"baseline": "baseline_process", "all_shared": "all_shared_process"})
+    if node.empty:
+        return _empty(*key, "baseline", "all_shared", "baseline_process", "all_shared_process", "node_quiet",
+                      "oversubscribed", "accelerator")
+    cells = d[d["scheme"].isin(["baseline", "all_shared"])]
+    return node.merge(proc, on=key, how="left").merge(_flags(cells, key), on=key, how="left")
 
 
 # -- Section 3: one member alone ------------------------------------------------------------------
@@ -139,10 +177,12 @@ def solo_vs_parallel(df: pd.DataFrame) -> pd.DataFrame:
             hosts = len(set(",".join(cells["hosts"].astype(str)).split(",")))
             rows.append({"network": network, "cores": cores, "consumer": consumer,
                          "run": "solo" if n == 1 else f"parallel (n={n})", "n": n, "hosts": hosts,
+                         "oversubscribed": bool(flag(cells, "oversubscribed").any()),
                          "runs": len(cells), "samples": len(times), "avg": float(np.mean(times)),
                          "std": float(np.std(times, ddof=1)) if len(times) > 1 else 0.0,
                          "min": float(np.min(times)), "max": float(np.max(times))})
-    cols = ["network", "cores", "consumer", "run", "n", "hosts", "runs", "samples", "avg", "std", "min", "max"]
+    cols = ["network", "cores", "consumer", "run", "n", "hosts", "oversubscribed", "runs", "samples", "avg", "std",
+            "min", "max"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -159,49 +199,73 @@ def peak_cells(df: pd.DataFrame, limited: bool) -> pd.DataFrame:
 
 
 def broadcast_cpu(df: pd.DataFrame) -> pd.DataFrame:
-    """Fig. 11: node CPU-s per delivered image of Single- and Multi-Broadcast normalised to
-    All-Shared at the same network, consumer, n > 1 and core limit."""
+    """Fig. 11: CPU-s per delivered image of Single- and Multi-Broadcast normalised to All-Shared at
+    the same network, consumer, n > 1 and core limit: node CPU (the paper's) and the cells' own
+    processes' (``relative_process``)."""
     key = ["network", "consumer", "n", "cores"]
+    values = ["node_cpu_seconds_per_image", "process_cpu_seconds_per_image"]
     d = df[df["scheme"].isin(["all_shared", "single_broadcast", "multi_broadcast"]) & (df["n"] > 1)]
-    d = d.groupby([*key, "scheme", "p"], as_index=False)["node_cpu_seconds_per_image"].mean()
-    ref = d[d["scheme"] == "all_shared"].set_index(key)["node_cpu_seconds_per_image"]
-    out = d[d["scheme"] != "all_shared"].join(ref.rename("all_shared"), on=key).dropna(subset=["all_shared"])
+    g = d.groupby([*key, "scheme", "p"], as_index=False)[values].mean()
+    ref = g[g["scheme"] == "all_shared"].set_index(key)[values].rename(columns=lambda c: "all_shared_" + c[:4])
+    out = g[g["scheme"] != "all_shared"].join(ref, on=key).dropna(subset=["all_shared_node"])
     if out.empty:
-        return _empty(*key, "scheme", "p", "node_cpu_seconds_per_image", "all_shared", "relative_to_all_shared")
-    out["relative_to_all_shared"] = out["node_cpu_seconds_per_image"] / out["all_shared"]
-    return out.reset_index(drop=True)
+        return _empty(*key, "scheme", "p", *values, "all_shared_node", "all_shared_proc", "relative_to_all_shared",
+                      "relative_process", "node_quiet", "oversubscribed", "accelerator")
+    out["relative_to_all_shared"] = out["node_cpu_seconds_per_image"] / out["all_shared_node"]
+    out["relative_process"] = out["process_cpu_seconds_per_image"] / out["all_shared_proc"]
+    return out.merge(_flags(d, key), on=key, how="left").reset_index(drop=True)
 
 
 def cpu_reduction(df: pd.DataFrame) -> pd.DataFrame:
-    """Fig. 12: node CPU-s per delivered image, baseline over All-Shared, per network, n and core
-    limit, with an accelerator and n > 1."""
+    """Fig. 12: CPU-s per delivered image, baseline over All-Shared, per network, n and core limit,
+    with an accelerator and n > 1: by node CPU (``reduction``, the paper's) and by the cells' own
+    process CPU (``reduction_process``), beside the ceiling n that sharing between n members
+    cannot beat; ``exceeds_ceiling`` flags a measuring error."""
     d = df.query(TRAINING)
-    out = _pair(d[d["n"] > 1], "node_cpu_seconds_per_image", ["network", "n", "cores"])
-    out["reduction"] = out["baseline"] / out["all_shared"] if len(out) else []
+    out = _pair_cpu(d[d["n"] > 1], ["network", "n", "cores"])
+    if len(out):
+        out["reduction"] = out["baseline"] / out["all_shared"]
+        out["reduction_process"] = out["baseline_process"] / out["all_shared_process"]
+        limit = out["n"] * (1 + CEILING_TOLERANCE)
+        out["exceeds_ceiling"] = (out["reduction"] > limit) | (out["reduction_process"] > limit)
+    else:
+        out = out.assign(reduction=[], reduction_process=[], exceeds_ceiling=[])
     return out
 
 
 def core_limit_speedup(df: pd.DataFrame) -> pd.DataFrame:
     """Fig. 13: runtime improvement of All-Shared over the baseline at each core limit (images/s
-    per member, All-Shared over baseline: the same steps, so the runtime ratio)."""
+    per member, All-Shared over baseline: the same steps, so the runtime ratio), with both cells'
+    CPU per image (node and process) beside it."""
     d = df.query(TRAINING)
-    out = _pair(d[d["n"] > 1], "images_per_second_per_member", ["network", "n", "cores"])
+    d = d[d["n"] > 1]
+    key = ["network", "n", "cores"]
+    out = _pair(d, "images_per_second_per_member", key)
     out["speedup"] = out["all_shared"] / out["baseline"] if len(out) else []
-    return out
+    cpu = _pair_cpu(d, key).rename(columns={"baseline": "baseline_cpu_per_image",
+                                            "all_shared": "all_shared_cpu_per_image"})
+    return out.merge(cpu, on=key, how="left") if len(out) else out.assign(
+        **{c: [] for c in cpu.columns if c not in key})
 
 
 def slowdown_at_one_core(df: pd.DataFrame) -> pd.DataFrame:
-    """Table 3: per scheme and network, images/s per member at full cores over at 1 core."""
+    """Table 3: per scheme and network, images/s per member at full cores over at 1 core, with the
+    cores a member really had in each (``full_cores_per_member``: at full cores its share of the
+    host when members outnumber the cores)."""
     cells = df.query(TRAINING)
-    piv = cells.pivot_table(index=["network", "scheme", "n", "p"], columns="cores",
-                            values="images_per_second_per_member", aggfunc="mean")
-    cols = ["network", "scheme", "n", "p", "full_cores", "one_core", "slowdown"]
+    index = ["network", "scheme", "n", "p"]
+    cols = [*index, "full_cores", "one_core", "slowdown", "full_cores_per_member", "one_core_per_member"]
+    piv = cells.pivot_table(index=index, columns="cores", values="images_per_second_per_member", aggfunc="mean")
     if piv.empty or not {"1", "all"} <= set(piv.columns.astype(str)):
         return _empty(*cols)
     piv.columns = piv.columns.astype(str)
     out = piv[["all", "1"]].dropna().rename(columns={"all": "full_cores", "1": "one_core"}).reset_index()
     out["slowdown"] = out["full_cores"] / out["one_core"]
-    return out[cols]
+    have = cells.pivot_table(index=index, columns="cores", values="cores_per_member", aggfunc="mean")
+    have.columns = have.columns.astype(str)
+    have = have.reindex(columns=["all", "1"]).rename(
+        columns={"all": "full_cores_per_member", "1": "one_core_per_member"}).reset_index()
+    return out.merge(have, on=index, how="left")[cols]
 
 
 # -- energy ---------------------------------------------------------------------------------------

@@ -1,0 +1,157 @@
+"""Every judge of paper_vs_run can fail: each gets a table where its finding clearly holds, one
+where it clearly fails and, where this machine may not express the finding, one that says so."""
+import pandas as pd
+import pytest
+
+from enspipe import findings
+from enspipe.collect import COLUMNS
+
+YES, NO, UNTESTABLE = "yes", "no", findings.NOT_TESTABLE
+
+
+def cells(*rows: dict) -> pd.DataFrame:
+    """A cell table of the given rows (every other column empty)."""
+    base = {"accelerator": "emulated", "energy_source": "modelled", "machine": "X", "cores": "all", "p": None,
+            "consumer": "emulated", "oversubscribed": False}
+    return pd.DataFrame([base | r for r in rows]).reindex(columns=list(COLUMNS))
+
+
+def frame(*rows: dict) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+def holds(judge, df=None, **t) -> str:
+    return findings.verdict(judge, cells() if df is None else df, t)["holds"]
+
+
+def solo(**kw) -> dict:
+    return {"network": "alexnet_v2", "scheme": "baseline", "n": 1, "rep": 0} | kw
+
+
+def test_every_registered_finding_states_its_threshold():
+    assert all(len(f.threshold) > 10 for f in findings.FINDINGS)
+    tested = {name[len("test_"):] for name in globals() if name.startswith("test_")}
+    judges = {f.judge.__name__ for f in findings.FINDINGS}
+    assert judges <= tested, f"judges without a test: {judges - tested}"
+
+
+def test_queue_finding():
+    ok = cells(solo(queue_preprocessing_mean=0.9, queue_compute_mean=0.05))
+    bad = cells(solo(queue_preprocessing_mean=0.2, queue_compute_mean=0.6))
+    assert holds(findings.queue_finding, ok) == YES and holds(findings.queue_finding, bad) == NO
+
+
+def test_utilisation_finding():
+    assert holds(findings.utilisation_finding, cells(solo(per_core_busy_mean=95.0))) == YES
+    assert holds(findings.utilisation_finding, cells(solo(per_core_busy_mean=50.0))) == NO
+
+
+def test_core_limit_finding():
+    def t2(on, off):
+        rows = [{"network": "alexnet_v2", "core_limit": "1", "core": 0, "allowed": True, "busy_percent": on}]
+        rows += [{"network": "alexnet_v2", "core_limit": "1", "core": 1, "allowed": False, "busy_percent": b}
+                 for b in off]
+        return frame(*rows)
+    assert holds(findings.core_limit_finding, table2=t2(95.0, [2.0])) == YES
+    assert holds(findings.core_limit_finding, table2=t2(95.0, [60.0])) == NO
+    assert holds(findings.core_limit_finding, table2=t2(50.0, [2.0])) == NO
+    assert holds(findings.core_limit_finding, table2=t2(95.0, [])) == UNTESTABLE
+
+
+def test_solo_parallel_finding():
+    def t1(par, over=False):
+        return frame({"network": "alexnet_v2", "cores": "1", "run": "solo", "n": 1, "avg": 10.0, "oversubscribed": False},
+                     {"network": "alexnet_v2", "cores": "1", "run": "parallel (n=2)", "n": 2, "avg": par,
+                      "oversubscribed": over})
+    assert holds(findings.solo_parallel_finding, table1=t1(10.4)) == YES
+    assert holds(findings.solo_parallel_finding, table1=t1(15.0)) == NO
+    assert holds(findings.solo_parallel_finding, table1=t1(10.4, over=True)) == UNTESTABLE
+
+
+def test_peak_order_finding():
+    def peak(as_rate, sb_rate, over=False):
+        common = {"network": "alexnet_v2", "consumer": "peak", "accelerator": "none", "n": 2, "cores": "1",
+                  "oversubscribed": over}
+        return cells(*[common | {"scheme": "all_shared", "p": 2, "images_per_second_per_member": as_rate, "rep": r}
+                       for r in range(3)],
+                     *[common | {"scheme": "single_broadcast", "p": 1, "images_per_second_per_member": sb_rate, "rep": r}
+                       for r in range(3)])
+    assert holds(findings.peak_order_finding, peak(400.0, 210.0)) == YES
+    assert holds(findings.peak_order_finding, peak(200.0, 400.0)) == NO
+    assert holds(findings.peak_order_finding, peak(400.0, 210.0, over=True)) == UNTESTABLE
+
+
+def test_broadcast_cpu_finding():
+    def t11(sb, mb):
+        return frame(*[{"network": "alexnet_v2", "n": 4, "scheme": s, "relative_to_all_shared": v, "relative_process": v}
+                       for s, v in (("single_broadcast", sb), ("multi_broadcast", mb))])
+    assert holds(findings.broadcast_cpu_finding, fig11=t11(1.02, 1.6)) == YES
+    assert holds(findings.broadcast_cpu_finding, fig11=t11(1.02, 1.0)) == NO
+
+
+def test_reduction_finding():
+    def t12(reductions, accelerator="measured"):
+        return frame(*[{"network": net, "n": 8, "cores": "all", "reduction": r, "reduction_process": r,
+                        "exceeds_ceiling": r > 8 * 1.05, "accelerator": accelerator}
+                       for net, r in zip(findings.NETWORKS, reductions)])
+    assert holds(findings.reduction_finding, fig12=t12([7.5, 3.5, 2.4])) == YES
+    assert holds(findings.reduction_finding, fig12=t12([2.4, 3.5, 7.5])) == NO
+    assert holds(findings.reduction_finding, fig12=t12([10.8, 3.5, 2.4])) == NO  # above the ceiling of n = 8
+    assert holds(findings.reduction_finding, fig12=t12([7.5, 3.5, 2.4], "emulated")) == UNTESTABLE
+    assert holds(findings.reduction_finding, fig12=t12([10.8, 3.5, 2.4], "emulated")) == NO
+
+
+def test_slowdown_finding():
+    def t3(base, shared, full_cores=8.0):
+        return frame(*[{"network": "alexnet_v2", "scheme": s, "n": 4, "p": 4, "slowdown": v,
+                        "full_cores_per_member": full_cores, "one_core_per_member": 1.0}
+                       for s, v in (("baseline", base), ("all_shared", shared))])
+    assert holds(findings.slowdown_finding, table3=t3(5.0, 1.2)) == YES
+    assert holds(findings.slowdown_finding, table3=t3(1.3, 1.2)) == NO
+    assert holds(findings.slowdown_finding, table3=t3(1.22, 1.22, full_cores=1.0)) == UNTESTABLE
+
+
+def test_speedup_finding():
+    def t13(alexnet, vgg, over=False):
+        return frame(*[{"network": net, "n": 2, "cores": "1", "speedup": v, "oversubscribed": over}
+                       for net, v in (("alexnet_v2", alexnet), ("vgg_a", vgg))])
+    assert holds(findings.speedup_finding, fig13=t13(1.9, 1.0)) == YES
+    assert holds(findings.speedup_finding, fig13=t13(1.05, 1.0)) == NO
+    assert holds(findings.speedup_finding, fig13=t13(1.0, 1.9)) == NO
+    assert holds(findings.speedup_finding, fig13=t13(1.9, 1.0, over=True)) == UNTESTABLE
+
+
+def test_energy_finding():
+    def t5(savings, source="rapl"):
+        return frame({"network": "alexnet_v2", "scheme": "baseline", "savings_power_percent": None,
+                      "savings_energy_percent": None, "energy_source": source},
+                     {"network": "alexnet_v2", "scheme": "all_shared", "savings_power_percent": savings,
+                      "savings_energy_percent": savings, "energy_source": source})
+    assert holds(findings.energy_finding, table5=t5(12.0)) == YES
+    assert holds(findings.energy_finding, table5=t5(-5.0)) == NO
+    assert holds(findings.energy_finding, table5=t5(12.0, "modelled")) == "yes (modelled)"
+    assert holds(findings.energy_finding, table5=t5(-5.0, "modelled")) == "no (modelled)"
+
+
+def test_ceiling_finding():
+    def shared(reduction):
+        return cells({"cell": "a", "network": "vgg_a", "scheme": "all_shared", "n": 2, "cpu_reduction_node": reduction,
+                      "cpu_reduction_process": reduction, "reduction_ceiling": 2, "exceeds_ceiling": reduction > 2.1})
+    assert holds(findings.ceiling_finding, shared(1.9)) == YES
+    assert holds(findings.ceiling_finding, shared(5.79)) == NO
+
+
+def test_identical_work_finding():
+    def n1(rates):
+        return cells(*[{"network": "alexnet_v2", "consumer": "peak", "n": 1, "scheme": s, "rep": r,
+                        "images_per_second_per_member": v}
+                       for s, vs in rates.items() for r, v in enumerate(vs)])
+    assert holds(findings.identical_work_finding, n1({"baseline": [600, 610, 590], "all_shared": [620, 600, 615]})) == YES
+    assert holds(findings.identical_work_finding, n1({"baseline": [480, 490, 470], "all_shared": [654, 640, 650]})) == NO
+
+
+@pytest.mark.parametrize("f", findings.FINDINGS, ids=lambda f: f.judge.__name__)
+def test_no_data_is_not_a_verdict(f):
+    empty = {k: pd.DataFrame(columns=["network", "n", "cores", "scheme"]) for k in
+             ("table1", "table2", "fig11", "fig12", "fig13", "table3", "table5")}
+    assert findings.verdict(f, cells().iloc[0:0], empty)["holds"] == "no data"
