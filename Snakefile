@@ -5,7 +5,14 @@
 #   snakemake --profile slurm --configfile config/paper.yaml   the paper's grid on a cluster
 
 
-configfile: "config/config.yaml"
+import os
+
+
+# The embedded default experiment, unless the command line names its own: a --configfile is the
+# whole experiment, never merged into this one (test.yaml must not inherit the default's cells).
+if not workflow.overwrite_configfiles:
+
+    configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 report: "workflow/report/workflow.rst"
