@@ -1,7 +1,10 @@
 # Two commands on a fresh machine with Python 3.11, pip and apt:
-#   make run    set up .venv, run the default workflow (config/config.yaml) end to end and build
-#               its HTML report (results/report.html)
-#   make test   set up .venv and run the test suite
+#   make run       set up .venv, run the default workflow (config/config.yaml) end to end and build
+#                  its HTML report (results/report.html)
+#   make test      set up .venv and run the quick test suite (everything but the tests marked slow,
+#                  with one short end-to-end workflow run)
+#   make test-all  every test: also the long end-to-end runs (the test grid's workflow, Slurm where
+#                  a cluster is up, Horovod where .venv-horovod exists) and the whole MPI matrix (CI)
 # and one to rerun a single cell of the default grid by its name (see `snakemake -n`):
 #   make cell CELL=alexnet_v2/all_shared/n2_p2/c1/emulated/rep0
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -10,7 +13,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 
-.PHONY: run test bench cell clean-results horovod test-horovod
+.PHONY: run test test-all bench cell clean-results horovod test-horovod
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +29,12 @@ cell: $(STAMP)
 	@test -n "$(CELL)" || { echo "make cell CELL=network/scheme/nN_pP/cC/consumer/repR"; exit 2; }
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES) -f results/runs/$(CELL)/summary.json
 
+test: $(STAMP)
+	$(BIN)/pytest -m "not slow"
+
 # The Horovod transport's tests run where .venv-horovod was built (`make horovod`; CI builds it);
 # in .venv they skip, saying why.
-test: $(STAMP)
+test-all: $(STAMP)
 	$(BIN)/pytest
 	if [ -x .venv-horovod/bin/pytest ]; then .venv-horovod/bin/pytest tests/test_horovod.py; fi
 

@@ -20,11 +20,12 @@ def dataset(tmp_path_factory):
     return out
 
 
-def enspipe(*args, n: int | None = None, env: dict | None = None, timeout: float = 300):
-    """Run the CLI (under mpiexec when n is given); returns the CompletedProcess."""
+def enspipe(*args, n: int | None = None, env: dict | None = None, timeout: float = 300, launcher=()):
+    """Run the CLI (under mpiexec when n is given, with the ``launcher`` options, say fake hosts
+    ``("-launcher", "fork", "-hosts", "a:2,b:2")``); returns the CompletedProcess."""
     cmd = [sys.executable, "-m", "enspipe", *map(str, args)]
     if n is not None:
-        cmd = [MPIEXEC, "-n", str(n), *cmd]
+        cmd = [MPIEXEC, *launcher, "-n", str(n), *cmd]
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
@@ -61,3 +62,9 @@ def bad_jpeg_dataset(tmp_path_factory):
         for rec in records:
             w.write(rec)
     return str(root), f"{m.files[0]}:3"
+
+
+def step_values(out, rank: int, key: str = "batch_digest") -> list:
+    """``key`` of every step event of one rank, in order (batch digests, checksums, ...)."""
+    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
+        return [e[key] for e in map(json.loads, f) if e["event"] == "step"]

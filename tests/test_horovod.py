@@ -4,16 +4,13 @@ very batches the mpi4py transport delivers, bit for bit, for the same seeds.
 Runs where Horovod imports (``make horovod`` builds ``.venv-horovod``; ``make test-horovod`` and
 ``.ci/run`` run this file there); elsewhere every test skips, saying why.
 """
-import json
-import os
-
 import pytest
 
-from conftest import enspipe, manifest, summary
+from conftest import enspipe, manifest, step_values, summary
 from enspipe.horovod_transport import available
 
 OK, WHY = available()
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(not OK, reason=WHY)]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.skipif(not OK, reason=WHY)]
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
           "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums"]
 CELLS = [(3, "all_shared", None), (3, "single_broadcast", 2), (3, "single_broadcast", 1), (3, "multi_broadcast", 2),
@@ -21,8 +18,7 @@ CELLS = [(3, "all_shared", None), (3, "single_broadcast", 2), (3, "single_broadc
 
 
 def _checksums(out, rank):
-    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
-        return [e["batch_checksum"] for e in map(json.loads, f) if e["event"] == "step"]
+    return step_values(out, rank, "batch_checksum")
 
 
 def _run(dataset, out, transport, n, scheme, p, *extra):

@@ -7,26 +7,24 @@ import time
 
 import pytest
 
-from conftest import enspipe, manifest, summary, with_option
+from conftest import enspipe, manifest, step_values, summary, with_option
 
 pytestmark = pytest.mark.mpi
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
           "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16"]
 
 
+# every code path once in the quick suite (`make test`); the whole matrix in `make test-all`
+QUICK = {(2, "baseline", None), (3, "all_shared", None), (3, "single_broadcast", 1), (4, "single_broadcast", 2),
+         (3, "multi_broadcast", 2), (4, "multi_broadcast", 4)}
+
+
 def _cells():
     for n in (1, 2, 3, 4):
-        yield n, "baseline", None
-        yield n, "all_shared", None
-        for p in range(1, n):
-            yield n, "single_broadcast", p
-        for p in range(1, n + 1):
-            yield n, "multi_broadcast", p
-
-
-def _batch_digests(out, rank):
-    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
-        return [e["batch_digest"] for e in map(json.loads, f) if e["event"] == "step"]
+        cells = [(n, "baseline", None), (n, "all_shared", None)]
+        cells += [(n, "single_broadcast", p) for p in range(1, n)]
+        cells += [(n, "multi_broadcast", p) for p in range(1, n + 1)]
+        yield from (pytest.param(*c, marks=() if c in QUICK else pytest.mark.slow) for c in cells)
 
 
 @pytest.mark.parametrize("n, scheme, p", list(_cells()), ids=lambda v: str(v))
@@ -39,7 +37,7 @@ def test_exactly_once_for_every_member(dataset, tmp_path, n, scheme, p):
     for rank in s["ranks"]:
         assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]
         assert rank["images"] == 56
-    orders = [_batch_digests(tmp_path, r) for r in range(n)]
+    orders = [step_values(tmp_path, r) for r in range(n)]
     if scheme == "baseline":
         assert all(rank["bytes_sent"] == 0 for rank in s["ranks"])
         if n > 1:
@@ -51,15 +49,18 @@ def test_exactly_once_for_every_member(dataset, tmp_path, n, scheme, p):
             assert roles[p - 1] == "leader" and roles[p:] == ["compute-only"] * (n - p)
 
 
+@pytest.mark.slow  # tests/test_multinode.py checks the stronger bit-for-bit property in the quick suite
 def test_shared_batches_equal_a_single_members(dataset, tmp_path):
     """Stateless per-element seeds: All-Shared over 3 ranks delivers the very batches one rank makes."""
     one = enspipe("run", "--data", dataset, "--out", tmp_path / "one", "--scheme", "all_shared", *COMMON, n=1)
     three = enspipe("run", "--data", dataset, "--out", tmp_path / "three", "--scheme", "all_shared", *COMMON, n=3)
     assert one.returncode == 0 and three.returncode == 0, three.stderr[-2000:]
-    assert _batch_digests(tmp_path / "one", 0) == _batch_digests(tmp_path / "three", 2)
+    assert step_values(tmp_path / "one", 0) == step_values(tmp_path / "three", 2)
 
 
-@pytest.mark.parametrize("scheme, p", [("all_shared", None), ("single_broadcast", 2), ("multi_broadcast", 2)])
+@pytest.mark.parametrize("scheme, p", [pytest.param("all_shared", None, marks=pytest.mark.slow),
+                                       pytest.param("single_broadcast", 2, marks=pytest.mark.slow),
+                                       ("multi_broadcast", 2)])
 def test_skipped_records_shorten_one_block_and_every_member_agrees(bad_jpeg_dataset, tmp_path, scheme, p):
     """With --skip-corrupt block sizes are exchanged: the preprocessor that meets the bad record sends
     a shorter block, and every member still consumes the same batches, each epoch one image short."""
@@ -71,7 +72,7 @@ def test_skipped_records_shorten_one_block_and_every_member_agrees(bad_jpeg_data
     assert all(rank["epochs"][0]["count"] == 11 and rank["epochs"][0]["missing"] == 1 for rank in ranks)
     skipped = [k for rank in ranks for k in rank["skipped"]]  # by whichever rank preprocessed it, once per epoch
     assert skipped and set(skipped) == {key} and len(skipped) <= 5
-    orders = [_batch_digests(tmp_path, rank) for rank in range(3)]
+    orders = [step_values(tmp_path, rank) for rank in range(3)]
     assert orders[0] == orders[1] == orders[2]
 
 
