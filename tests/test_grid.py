@@ -145,3 +145,28 @@ def test_reductions_against_the_baseline_and_their_ceiling():
     assert out["exceeds_ceiling"].tolist()[2:4] == [False, True]  # 3x by process CPU between 2 members
     assert out["reduction_ceiling"][2] == 2 and out.iloc[:2]["exceeds_ceiling"].isna().all()
     assert pd.isna(out["cpu_reduction_node"][4]) and pd.isna(out["exceeds_ceiling"][4])  # no baseline at n = 4
+
+
+def test_invalid_combinations_are_reported_and_an_empty_experiment_is_an_error():
+    cfg = {"networks": {"vgg_a": {"batch_size": 2}},
+           "experiments": {"mixed": {"consumer": "peak", "networks": ["vgg_a"], "schemes": ["single_broadcast"],
+                                     "n": [2, 3], "p": [1, 2]}}}
+    cells, notes = grid.expand(cfg)
+    assert {(c.n, c.p) for c in cells} == {(2, 1), (3, 1), (3, 2)}
+    assert len(notes) == 1 and "experiments.mixed: 1 invalid combination" in notes[0] and "P < N" in notes[0]
+    cfg["experiments"]["mixed"]["p"] = [3]
+    with pytest.raises(grid.GridError, match=r"experiments\.mixed: no valid cell.*P < N"):
+        grid.expand(cfg)
+    cfg["experiments"]["mixed"] |= {"schemes": ["all_shared"], "n": [4]}  # a batch of 2 among 4 members
+    with pytest.raises(grid.GridError, match=r"experiments\.mixed: no valid cell.*batch >= P"):
+        grid.expand(cfg)
+    del cfg["experiments"]["mixed"]["p"]
+    cfg["experiments"]["mixed"] |= {"schemes": ["multi_broadcast"], "n": [2]}
+    with pytest.raises(grid.GridError, match=r"experiments\.mixed: no valid cell.*needs the number of preprocessors"):
+        grid.expand(cfg)
+
+
+def test_the_default_grid_drops_nothing_and_the_papers_says_what_it_drops():
+    assert grid.expand(_config("config"))[1] == []
+    notes = grid.expand(_config("paper"))[1]  # e.g. All-Shared's batch of 128 among n = 130..150 members
+    assert notes and all(any(rule in n for rule in ("P < N", "P <= N", "batch >= P")) for n in notes)

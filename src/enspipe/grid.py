@@ -2,10 +2,11 @@
 
 A config (``config/*.yaml``, validated by ``workflow/schemas/config.schema.yaml``) names
 experiments, each a product of networks x schemes x n x p x core limits for one consumer, run
-``repeats`` times (the experiment's own, else the config's). :func:`cells` expands them into
-valid :class:`Cell` s only: P is the number of preprocessors where the scheme has one
-(single_broadcast needs 1 <= P < N, multi_broadcast 1 <= P <= N) and N for baseline and
-All-Shared; a batch smaller than P is left out.
+``repeats`` times (the experiment's own, else the config's). :func:`expand` turns them into valid
+:class:`Cell` s: P is the number of preprocessors where the scheme has one (single_broadcast needs
+1 <= P < N, multi_broadcast 1 <= P <= N) and N for baseline and All-Shared; a batch must be at
+least P. Invalid combinations are left out and reported; an experiment with no valid cell is an
+error naming it and the rule.
 """
 from __future__ import annotations
 
@@ -57,30 +58,63 @@ def batch_size(config: dict, network: str) -> int:
     return int(config["networks"][network]["batch_size"])
 
 
-def cells(config: dict) -> list[Cell]:
-    """Every valid cell of every experiment, without duplicates, in a stable order."""
+class GridError(ValueError):
+    """An experiment of the config yields no valid cell; the message names it and the rule."""
+
+
+def expand(config: dict) -> tuple[list[Cell], list[str]]:
+    """Every valid cell of every experiment, without duplicates, in a stable order, and one note per
+    experiment whose product had invalid combinations (how many were dropped, by which rule).
+
+    Raises :class:`GridError` for an experiment that yields no valid cell at all."""
     out: set[Cell] = set()
-    for exp in config["experiments"].values():
+    notes: list[str] = []
+    for name, exp in config["experiments"].items():
+        made, dropped = set(), {}
         for network in exp["networks"]:
             batch = batch_size(config, network)
             for scheme in exp["schemes"]:
                 for n in exp["n"]:
-                    ps = [n] if scheme in ("baseline", "all_shared") else exp.get("p", [])
+                    ps = [n] if scheme in IMPLIED_P else exp.get("p") or [None]
                     for p in ps:
-                        if not valid(scheme, n, p, batch):
+                        why = invalid(scheme, n, p, batch)
+                        if why:
+                            dropped.setdefault(why, []).append(f"{network} {scheme} n={n} p={p}")
                             continue
                         for cores in exp.get("cores", ["all"]):
                             for rep in range(int(exp.get("repeats", config.get("repeats", 1)))):
-                                out.add(Cell(network, scheme, n, p, _cores(cores), exp["consumer"], rep))
-    return sorted(out)
+                                made.add(Cell(network, scheme, n, p, _cores(cores), exp["consumer"], rep))
+        rules = "; ".join(f"{why}: {', '.join(combos)}" for why, combos in dropped.items())
+        if not made:
+            raise GridError(f"experiments.{name}: no valid cell: {rules}")
+        if dropped:
+            k = sum(map(len, dropped.values()))
+            notes.append(f"experiments.{name}: {k} invalid combination{'s' * (k > 1)} left out ({rules})")
+        out |= made
+    return sorted(out), notes
+
+
+def cells(config: dict) -> list[Cell]:
+    """Every valid cell of every experiment (see :func:`expand`)."""
+    return expand(config)[0]
+
+
+IMPLIED_P = ("baseline", "all_shared")  # every member preprocesses: P = N
+
+
+def invalid(scheme: str, n: int, p: int | None, batch: int) -> str | None:
+    """Why a combination is not a cell (the scheme's rule, as its error states it), or None."""
+    from enspipe.config import ConfigError
+
+    try:
+        make_scheme(scheme, n, None if scheme in IMPLIED_P else p, batch)
+    except ConfigError as e:
+        return e.problem
+    return None
 
 
 def valid(scheme: str, n: int, p: int, batch: int) -> bool:
-    try:
-        make_scheme(scheme, n, None if scheme in ("baseline", "all_shared") else p, batch)
-    except ValueError:
-        return False
-    return True
+    return invalid(scheme, n, p, batch) is None
 
 
 def calibrations(config: dict) -> list[tuple[str, str]]:
@@ -106,7 +140,7 @@ def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
             "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
             "--seed", str(int(config.get("seed", 0)) + cell.rep),
             "--monitor-interval", str(config.get("monitor_interval", 1))]
-    if cell.scheme in ("single_broadcast", "multi_broadcast"):
+    if cell.scheme not in IMPLIED_P:
         args += ["--preprocessors", str(cell.p)]
     if cell.cores != "all":
         args += ["--cores", cell.cores]

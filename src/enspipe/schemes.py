@@ -80,6 +80,9 @@ def make_scheme(name: str, n: int, p: int | None, batch: int) -> Scheme:
     """Resolve and validate a scheme for ``n`` members; raises :class:`ConfigError` naming the fix."""
     if n < 1:
         raise ConfigError("n", f"an ensemble needs at least one member, got {n}", "launch with mpiexec -n N, N >= 1")
+    if name not in ("baseline", "all_shared", "single_broadcast", "multi_broadcast"):
+        raise ConfigError("scheme", f"unknown scheme {name!r}",
+                          "choose baseline, all_shared, single_broadcast or multi_broadcast")
     everyone = tuple(range(n))
     if name in ("baseline", "all_shared"):
         if p is not None and p != n:
@@ -89,21 +92,21 @@ def make_scheme(name: str, n: int, p: int | None, batch: int) -> Scheme:
             return Scheme(name, n, n, everyone, (), shared=False)
         _check_batch(batch, n)
         return Scheme(name, n, n, everyone, _nontrivial(Gather(everyone)), shared=True)
+    rule = "1 <= P < N" if name == "single_broadcast" else "1 <= P <= N"
     if p is None:
-        raise ConfigError("preprocessors", f"{name} needs the number of preprocessors P", f"pass --preprocessors P with 1 <= P < N = {n}")
-    if not 1 <= p <= n:
-        raise ConfigError("preprocessors", f"P must be in [1, N = {n}], got {p}", f"pass --preprocessors between 1 and {n}")
+        raise ConfigError("preprocessors", f"{name} needs the number of preprocessors P ({rule})",
+                          f"pass --preprocessors P with {rule} = {n}")
+    if not 1 <= p <= n or (name == "single_broadcast" and p == n):
+        same = " (P = N is All-Shared)" if name == "single_broadcast" and p == n else ""
+        raise ConfigError("preprocessors", f"{name} needs {rule} = {n}, got P = {p}{same}",
+                          f"pass --preprocessors between 1 and {n - 1 if name == 'single_broadcast' else n}"
+                          + (", or use --scheme all_shared" if same else ""))
     _check_batch(batch, p)
     pre = tuple(range(p))
     if name == "single_broadcast":
-        if p == n:
-            raise ConfigError("preprocessors", f"single_broadcast with P = N = {n} is All-Shared",
-                              f"use --scheme all_shared, or P < {n}")
         steps: tuple[Step, ...] = (Gather(pre),) if p > 1 else ()
         return Scheme(name, n, p, pre, steps + (Broadcast(tuple(range(p - 1, n)), p - 1),), shared=True)
-    if name == "multi_broadcast":
-        return Scheme(name, n, p, pre, _nontrivial(BlockBroadcasts(everyone, pre)), shared=True)
-    raise ConfigError("scheme", f"unknown scheme {name!r}", "choose baseline, all_shared, single_broadcast or multi_broadcast")
+    return Scheme(name, n, p, pre, _nontrivial(BlockBroadcasts(everyone, pre)), shared=True)
 
 
 def _nontrivial(*steps: Step) -> tuple[Step, ...]:
@@ -113,5 +116,5 @@ def _nontrivial(*steps: Step) -> tuple[Step, ...]:
 
 def _check_batch(batch: int, p: int) -> None:
     if batch < p:
-        raise ConfigError("batch_size", f"a batch of {batch} cannot be split among {p} preprocessors",
-                          f"use --batch-size >= {p} or fewer preprocessors")
+        raise ConfigError("batch_size", f"a batch of {batch} cannot be split among {p} preprocessors "
+                                        "(needs batch >= P)", f"use --batch-size >= {p} or fewer preprocessors")

@@ -4,6 +4,7 @@ import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import min_version, validate
 
 SRC = os.path.join(workflow.basedir, "src")
@@ -19,7 +20,12 @@ ENV = "../envs/enspipe.yaml"
 
 validate(config, schema="../schemas/config.schema.yaml")
 
-CELLS = grid.cells(config)
+try:
+    CELLS, GRID_NOTES = grid.expand(config)
+except grid.GridError as e:
+    raise WorkflowError(f"config: {e}") from None
+for note in GRID_NOTES:
+    logger.warning(f"config: {note}")
 CALIBRATIONS = grid.calibrations(config)
 RC_MEASURED = grid.trained_networks(config)
 DATASET = "results/dataset"
