@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take the network's rc from this calibration file (the workflow's rates.json)")
     r.add_argument("--seed", type=int, default=0, help="base seed for order, augmentation and initialisation")
     r.add_argument("--lr", type=_lrs, default=(0.01,), help="learning rates, member m uses the (m mod k)-th")
-    r.add_argument("--shuffle-buffer", type=_positive_int, default=1024, help="records; 0 = canonical order")
+    r.add_argument("--shuffle-buffer", type=_positive_int, default=1024,
+                   help="records; 0 = canonical order; at most a quarter of a TFRecord dataset is used")
     r.add_argument("--queue-depth", type=_positive_int, default=4, help="capacity of each stage queue, in batches")
     r.add_argument("--skip-corrupt", action="store_true", help="skip and count corrupt records instead of failing")
     r.add_argument("--fast-mode", action="store_true", help="Slim inception fast_mode (off in the paper)")

@@ -54,7 +54,8 @@ class RunConfig:
       seed: base seed; data order, preprocessing and initialisation derive from it.
       lrs: learning rates, member m uses ``lrs[m % len(lrs)]`` (ensemble members differ in
         learning rate and initialisation seed, as in the paper).
-      shuffle_buffer: records in the seeded shuffle buffer (0 = canonical order).
+      shuffle_buffer: records in the seeded shuffle buffer (0 = canonical order); at most a quarter
+        of a TFRecord dataset is used (:func:`enspipe.data.effective_shuffle_buffer`).
       queue_depth: capacity, in batches, of each bounded stage queue.
       skip_corrupt: skip undecodable or corrupt records and count them, instead of failing.
       fast_mode: TF-Slim's inception ``fast_mode`` (off in the paper).

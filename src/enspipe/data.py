@@ -183,6 +183,17 @@ def manifest_dict(m: Manifest, shard_counts: list[int] | None = None) -> dict:
     return d
 
 
+def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
+    """The record shuffle buffer really used: at most a quarter of the dataset. A shuffle buffer
+    fills before it emits, so one as large as the dataset reads every record of an epoch at the
+    epoch's start; a measured window shorter than a few epochs then counts reading done for
+    images outside it (or misses it). A quarter keeps reading at the stream's pace. JPEG folders
+    shuffle file names, not records, and read only what is kept: their buffer is the dataset."""
+    if m.kind == "jpeg_folders" or not shuffle_buffer:
+        return shuffle_buffer
+    return max(1, min(shuffle_buffer, m.num_images // 4))
+
+
 def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool) -> tf.data.Dataset:
     """One epoch of ``(key, serialized_or_path, label)`` in the order drawn from ``epoch_seed``."""
     if m.kind == "jpeg_folders":
@@ -201,7 +212,7 @@ def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip
     if shuffle_buffer:
         files = files.shuffle(len(m.files), seed=epoch_seed)
     ds = files.interleave(shard_records, cycle_length=min(4, len(m.files)), block_length=1)
-    return ds.shuffle(shuffle_buffer, seed=epoch_seed + 1) if shuffle_buffer else ds
+    return ds.shuffle(effective_shuffle_buffer(m, shuffle_buffer), seed=epoch_seed + 1) if shuffle_buffer else ds
 
 
 def sample_stream(m: Manifest, order_seed: int, shuffle_buffer: int = 1024,

@@ -88,7 +88,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
 
     from enspipe.accounting import EpochLedger
     from enspipe.consumers import make_consumer
-    from enspipe.data import load_manifest, write_json_atomic
+    from enspipe.data import effective_shuffle_buffer, load_manifest, write_json_atomic
     from enspipe.events import EventLog
     from enspipe.exchange import ExchangeEngine, Mpi4pyTransport
     from enspipe.networks import NETWORKS
@@ -215,7 +215,8 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
             "wire_dtype": cfg.wire_dtype, "transport": transport.name, "preprocessing": preprocessing,
             "fast_mode": cfg.fast_mode, "seed": cfg.seed,
             "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
-                        "digest": manifest.digest, "synthetic": manifest.synthetic},
+                        "digest": manifest.digest, "synthetic": manifest.synthetic,
+                        "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.shuffle_buffer)},
             "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
             "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
             "window": _window_summary(scheme, reports, warmup_steps, steady),
