@@ -61,6 +61,9 @@ def bad_jpeg_dataset(tmp_path_factory):
     with tf.io.TFRecordWriter(str(shard)) as w:
         for rec in records:
             w.write(rec)
+    m_json = manifest(root)  # an intended change: the manifest records the shard's new size
+    m_json["shards"][0]["bytes"] = os.path.getsize(shard)
+    (root / "manifest.json").write_text(json.dumps(m_json))
     return str(root), f"{m.files[0]}:3"
 
 

@@ -17,12 +17,14 @@ class EpochLedger:
         self.num_images = num_images
         self._counts: dict[int, int] = {}
         self._digests: dict[int, str] = {}
+        self._ids: dict[int, list[np.ndarray]] = {}
 
     def add(self, ids: np.ndarray, epochs: np.ndarray) -> None:
         for e in np.unique(epochs):
             sel = ids[epochs == e]
             e = int(e)
             self._counts[e] = self._counts.get(e, 0) + len(sel)
+            self._ids.setdefault(e, []).append(sel.astype(np.int64))
             self._digests[e] = add_digests(self._digests.get(e, digest_of([])), digest_of(sel.astype(np.uint64)))
 
     def completed(self) -> list[dict]:
@@ -35,3 +37,13 @@ class EpochLedger:
         done = {c["epoch"] for c in self.completed()}
         rest = [e for e in self._counts if e not in done]
         return {"epoch": rest[0], "count": self._counts[rest[0]]} if rest else None
+
+    def short(self, expected: dict[int, str] | None) -> dict[int, list[str] | None]:
+        """For each completed epoch with fewer samples than the dataset: the keys it lacks (from
+        ``expected``, id -> key of every sample), or None where the keys are not known."""
+        out: dict[int, list[str] | None] = {}
+        for e in self.completed():
+            if e["missing"] > 0:
+                seen = set(np.concatenate(self._ids[e["epoch"]]).tolist())
+                out[e["epoch"]] = None if expected is None else sorted(k for i, k in expected.items() if i not in seen)
+        return out

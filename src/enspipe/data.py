@@ -14,30 +14,23 @@ its share of each batch before anything is parsed or decoded.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
 from enspipe.atomic import write_json_atomic  # noqa: F401 - re-exported: callers import it from here
+from enspipe.manifest import (JPEG_EXTENSIONS, MANIFEST, DataError, Manifest, candidate_shards,  # noqa: F401
+                              manifest_dict, read_manifest)
 
-MANIFEST = "manifest.json"
 _ID_BUCKETS = 2**63 - 1
 _MASK64 = (1 << 64) - 1
-_JPEG_EXTENSIONS = (".jpg", ".jpeg", ".JPG", ".JPEG")
 
 SLIM_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/format": tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
 }
-
-
-class DataError(RuntimeError):
-    """A dataset problem (missing, corrupt record, undecodable image); the message names the place."""
 
 
 def sample_ids(keys) -> np.ndarray:
@@ -65,37 +58,12 @@ def add_digests(a: str, b: str) -> str:
     return f"{(int(a, 16) + int(b, 16)) & _MASK64:016x}"
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """What a dataset directory holds. ``kind`` is ``tfrecord`` or ``jpeg_folders``."""
-
-    root: str
-    kind: str
-    num_images: int
-    num_classes: int
-    digest: str
-    files: tuple[str, ...]          # shard paths (tfrecord) or image paths (jpeg_folders), relative
-    labels: tuple[int, ...] = ()    # per image, jpeg_folders only
-    synthetic: bool = False
-    info: dict | None = None
-
-    def paths(self) -> list[str]:
-        return [os.path.join(self.root, f) for f in self.files]
-
-
-def _tfrecord_shards(root: str) -> list[str]:
-    shards = sorted(p for p in glob.glob(os.path.join(root, "*"))
-                    if os.path.isfile(p) and not p.endswith((".json", ".tmp")) and ".tmp." not in p
-                    and not p.endswith(_JPEG_EXTENSIONS))
-    return shards
-
-
 def _jpeg_folders(root: str) -> tuple[list[str], list[int], list[str]]:
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
     files, labels = [], []
     for label, cls in enumerate(classes):
         for name in sorted(os.listdir(os.path.join(root, cls))):
-            if name.endswith(_JPEG_EXTENSIONS):
+            if name.endswith(JPEG_EXTENSIONS):
                 files.append(f"{cls}/{name}")
                 labels.append(label)
     return files, labels, classes
@@ -113,10 +81,10 @@ def scan(root: str) -> Manifest:
     if files:
         return Manifest(root, "jpeg_folders", len(files), len(classes), digest_of(sample_ids(files)),
                         tuple(files), tuple(labels))
-    shards = _tfrecord_shards(root)
+    shards = candidate_shards(root)
     if not shards:
         raise DataError(f"{root}: no TFRecord shards and no JPEG class folders found")
-    total, digest, max_label = 0, digest_of([]), -1
+    total, digest, max_label, counts = 0, digest_of([]), -1, []
     for shard in shards:
         keys, records = [], 0
         try:
@@ -128,27 +96,42 @@ def scan(root: str) -> Manifest:
         except tf.errors.DataLossError as e:
             raise DataError(f"{shard}: corrupt TFRecord at record {records}: {e.message}") from None
         total += records
+        counts.append(records)
         digest = add_digests(digest, digest_of(sample_ids(keys)))
     return Manifest(root, "tfrecord", total, max_label + 1, digest,
-                    tuple(os.path.relpath(s, root) for s in shards))
+                    tuple(os.path.relpath(s, root) for s in shards), counts=tuple(counts),
+                    sizes=tuple(os.path.getsize(s) for s in shards))
 
 
 def load_manifest(root: str) -> Manifest:
     """Read ``root/manifest.json``, or scan the directory when there is none."""
-    path = os.path.join(root, MANIFEST)
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(root, MANIFEST)):
         return scan(root)
-    try:
-        with open(path) as f:
-            m = json.load(f)
-        return Manifest(root=root, kind=m["kind"], num_images=int(m["num_images"]),
-                        num_classes=int(m["num_classes"]), digest=m["digest"],
-                        files=tuple(s["path"] for s in m["shards"]) if m["kind"] == "tfrecord"
-                        else tuple(m["files"]),
-                        labels=tuple(m.get("labels", ())), synthetic=bool(m.get("synthetic", False)),
-                        info=m.get("info"))
-    except (KeyError, ValueError, TypeError) as e:
-        raise DataError(f"{path}: malformed manifest ({e!r}); delete it to rescan, or regenerate the dataset") from None
+    return read_manifest(root)
+
+
+def verify_digest(m: Manifest) -> str | None:
+    """Whether the manifest's digest is its shards' keys' (``<shard>:<index>`` for every record it
+    counts); a problem, or None. Manifests without per-shard counts cannot be checked (None)."""
+    if m.kind != "tfrecord" or not m.counts or any(c is None for c in m.counts):
+        return None
+    digest = digest_of([])
+    for f, count in zip(m.files, m.counts):
+        name = os.path.basename(f)
+        digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(count)])))
+    if digest != m.digest:
+        return (f"{m.root}/{MANIFEST}: its digest {m.digest} is not its shards' ({digest}); re-create the dataset, "
+                "or re-index it with `enspipe index --data DIR`")
+    return None
+
+
+def expected_keys(m: Manifest) -> list[str] | None:
+    """Every sample key the manifest promises (None where it does not count its shards' records)."""
+    if m.kind == "jpeg_folders":
+        return list(m.files)
+    if not m.counts or any(c is None for c in m.counts):
+        return None
+    return [f"{os.path.basename(f)}:{i}" for f, c in zip(m.files, m.counts) for i in range(c)]
 
 
 def stage_dataset(src: str, out: str) -> Manifest:
@@ -165,22 +148,9 @@ def stage_dataset(src: str, out: str) -> Manifest:
         if os.path.lexists(dst):
             os.remove(dst)
         os.symlink(os.path.abspath(os.path.join(src, f)), dst)
-    staged = dataclasses.replace(m, root=out)
+    staged = dataclasses.replace(m, root=out, sizes=tuple(os.path.getsize(p) for p in m.paths()))
     write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(staged))
     return staged
-
-
-def manifest_dict(m: Manifest, shard_counts: list[int] | None = None) -> dict:
-    d = {"kind": m.kind, "num_images": m.num_images, "num_classes": m.num_classes, "digest": m.digest,
-         "synthetic": m.synthetic, "digest_algorithm": "sum mod 2^64 of FarmHash64(key) mod (2^63-1)"}
-    if m.kind == "tfrecord":
-        counts = shard_counts or [None] * len(m.files)
-        d["shards"] = [{"path": f, "num_records": c} for f, c in zip(m.files, counts)]
-    else:
-        d["files"], d["labels"] = list(m.files), list(m.labels)
-    if m.info:
-        d["info"] = m.info
-    return d
 
 
 def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
@@ -194,21 +164,69 @@ def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
     return max(1, min(shuffle_buffer, m.num_images // 4))
 
 
+CORRUPT_LABEL = -2  # the label of a placeholder for a record that could not be read (skip mode)
+
+
+def _placeholder() -> bytes:
+    """A Slim example with no image, standing in for an unreadable record in skip mode: it keeps
+    the record's place and key in the stream, and its decode fails, so the preprocess stage skips
+    and counts it like an undecodable image."""
+    return tf.train.Example(features=tf.train.Features(feature={
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[CORRUPT_LABEL])),
+    })).SerializeToString()
+
+
+def resilient_records(path, count):
+    """The records of one TFRecord shard, a placeholder in place of each one that cannot be read:
+    a corrupt record is stepped over by its header's length (when the header itself checks out),
+    and where the shard cannot be followed any further the records the manifest still promises
+    (``count``; -1: unknown) are placeholders too. Nothing after a corrupt record is lost."""
+    import struct
+
+    from tensorflow.python.lib.io import _pywrap_record_io
+
+    from enspipe.manifest import masked_crc32c
+
+    path = path.decode() if isinstance(path, bytes) else path
+    size, placeholder = os.path.getsize(path), _placeholder()
+    reader = _pywrap_record_io.RandomRecordReader(path)
+    offset, index = 0, 0
+    with open(path, "rb") as f:
+        while offset < size:
+            try:
+                record, offset = reader.read(offset)
+            except tf.errors.OpError:
+                f.seek(offset)
+                head = f.read(12)
+                if len(head) < 12 or struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
+                    break  # the length itself is damaged: the rest of the shard cannot be followed
+                offset += 16 + struct.unpack("<Q", head[:8])[0]
+                record = placeholder
+            yield record
+            index += 1
+    for _ in range(index, count):
+        yield placeholder
+
+
 def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool) -> tf.data.Dataset:
     """One epoch of ``(key, serialized_or_path, label)`` in the order drawn from ``epoch_seed``."""
     if m.kind == "jpeg_folders":
         ds = tf.data.Dataset.from_tensor_slices((list(m.files), m.paths(), np.asarray(m.labels, np.int64)))
         return ds.shuffle(m.num_images, seed=epoch_seed) if shuffle_buffer else ds
 
-    def shard_records(path):
-        records = tf.data.TFRecordDataset(path)
+    def shard_records(path, count):
         if skip_corrupt:
-            records = records.ignore_errors()
+            records = tf.data.Dataset.from_generator(resilient_records, args=(path, count),
+                                                     output_signature=tf.TensorSpec([], tf.string))
+        else:
+            records = tf.data.TFRecordDataset(path)
         prefix = tf.strings.split(path, "/")[-1]
         return records.enumerate().map(
             lambda i, rec: (tf.strings.join([prefix, ":", tf.strings.as_string(i)]), rec, tf.constant(-1, tf.int64)))
 
-    files = tf.data.Dataset.from_tensor_slices(m.paths())
+    counts = [-1 if c is None else c for c in (m.counts or (None,) * len(m.files))]
+    files = tf.data.Dataset.from_tensor_slices((m.paths(), np.asarray(counts, np.int64)))
     if shuffle_buffer:
         files = files.shuffle(len(m.files), seed=epoch_seed)
     ds = files.interleave(shard_records, cycle_length=min(4, len(m.files)), block_length=1)
@@ -260,7 +278,8 @@ def locate_corrupt_record(m: Manifest) -> str:
             for _ in tf.data.TFRecordDataset(path):
                 n += 1
         except tf.errors.DataLossError as e:
-            return f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]})"
+            return (f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]}); "
+                    "pass --on-corrupt skip to skip and count it")
     return "a TFRecord shard became unreadable during the run"
 
 

@@ -28,7 +28,8 @@ import traceback
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data import DataError, Manifest, load_samples, locate_corrupt_record, sample_stream, slice_of_batch
+from enspipe.data import (CORRUPT_LABEL, DataError, Manifest, load_samples, locate_corrupt_record, sample_stream,
+                          slice_of_batch)
 from enspipe.exchange import Batch, ExchangeEngine
 from enspipe.preprocessing import OUTPUT_RANGE, decode, make_preprocess_fn
 from enspipe.threadcpu import set_thread_name
@@ -73,7 +74,7 @@ class Pipeline:
         self.depth = queue_depth
         self.stop = threading.Event()
         self.failure: tuple[str, BaseException, str] | None = None
-        self._skipped: list[tuple[int, str]] = []  # (global batch index, sample key) of skipped records
+        self._skipped: list[tuple[int, int, str]] = []  # (global batch, epoch, key) of each skipped record
         self.samples: list[tuple[float, int, int, int]] = []
         self._threads: list[threading.Thread] = []
         self.preprocessed = 0  # images this member's preprocess stage has produced
@@ -189,10 +190,12 @@ class Pipeline:
                 images, meta = images[keep], meta[keep]
                 lost = set(raw["id"].tolist()) - set(meta[:, 0].tolist())
                 if lost:
-                    keys = [k.decode() for k, i in zip(raw["key"], raw["id"]) if i in lost]
                     batch = int(raw["position"][0]) // self.batch
-                    self._skipped += [(batch, k) for k in keys]
-                    self.events.log("skipped", keys=keys, batch=batch, reason="undecodable image")
+                    for key, i, epoch, label in zip(raw["key"], raw["id"], raw["epoch"], raw["label"]):
+                        if i in lost:
+                            self._skipped.append((batch, int(epoch), key.decode()))
+                            self.events.log("skipped", key=key.decode(), batch=batch, epoch=int(epoch),
+                                            reason="corrupt record" if label == CORRUPT_LABEL else "undecodable image")
             self.preprocessed += len(meta)
             self._put("exchange", Batch(np.ascontiguousarray(images), np.ascontiguousarray(meta)))
 
@@ -204,7 +207,7 @@ class Pipeline:
                     decode(tf.constant(encoded))
                 except tf.errors.InvalidArgumentError as e:
                     return (f"{key.decode()}: undecodable JPEG ({e.message.splitlines()[0]}); "
-                            "fix or remove the record, or pass --skip-corrupt to skip and count it")
+                            "fix or remove the record, or pass --on-corrupt skip to skip and count it")
         return f"preprocessing failed: {error.message.splitlines()[0]}"
 
     def _exchange(self) -> None:
@@ -240,10 +243,14 @@ class Pipeline:
     def occupancy(self) -> dict:
         return {q: self.queues[q].qsize() for q in QUEUES}
 
-    def skipped(self, batches: int) -> list[str]:
+    def skipped(self, batches: int) -> dict[int, list[str]]:
         """Keys of the records this member skipped in the first ``batches`` global batches (those
-        consumed; the producers may have gone further)."""
-        return [key for b, key in self._skipped if b < batches]
+        consumed; the producers may have gone further), per epoch."""
+        out: dict[int, list[str]] = {}
+        for b, epoch, key in self._skipped:
+            if b < batches:
+                out.setdefault(epoch, []).append(key)
+        return out
 
     def saturated(self) -> bool:
         """Whether every queue this member's stages fill is full: back-pressure has reached the

@@ -85,8 +85,9 @@ def write_shards(out: str, samples, num_images: int, num_classes: int, images_pe
         os.replace(os.path.join(tmp, name), os.path.join(out, name))
     os.rmdir(tmp)
     info = dict(info, mean_jpeg_bytes=round(total_bytes / max(1, num_images)))
-    m = Manifest(out, "tfrecord", num_images, num_classes, digest, tuple(names), synthetic=synthetic, info=info)
-    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(m, counts))
+    m = Manifest(out, "tfrecord", num_images, num_classes, digest, tuple(names), synthetic=synthetic, info=info,
+                 counts=tuple(counts), sizes=tuple(os.path.getsize(os.path.join(out, n)) for n in names))
+    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(m))
     return m
 
 
