@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from enspipe.config import (CONSUMERS, CPU_MONITORS, SCHEMES, TRANSPORTS, WIRE_DTYPES, ConfigError, RunConfig)
+from enspipe.config import (CONSUMERS, CPU_MONITORS, ON_CORRUPT, SCHEMES, TRANSPORTS, WIRE_DTYPES, ConfigError,
+                            RunConfig)
 
 
 def _positive_int(s: str) -> int:
@@ -89,7 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shuffle-buffer", type=_positive_int, default=1024,
                    help="records; 0 = canonical order; at most a quarter of a TFRecord dataset is used")
     r.add_argument("--queue-depth", type=_positive_int, default=4, help="capacity of each stage queue, in batches")
-    r.add_argument("--skip-corrupt", action="store_true", help="skip and count corrupt records instead of failing")
+    r.add_argument("--on-corrupt", default="fail", choices=ON_CORRUPT,
+                   help="an undecodable image or a corrupt record: fail naming it, or skip it and count it")
+    r.add_argument("--skip-corrupt", dest="on_corrupt", action="store_const", const="skip",
+                   help="the same as --on-corrupt skip")
     r.add_argument("--fast-mode", action="store_true", help="Slim inception fast_mode (off in the paper)")
     r.add_argument("--wire-dtype", default="float32", choices=WIRE_DTYPES,
                    help="uint8 quantises after preprocessing: 4x less traffic, lossy by 1/255 of the range")
@@ -101,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-node-shm", dest="node_shm", action="store_false",
                    help="exchange through MPI collectives only, not node-shared memory (for comparison)")
     r.add_argument("--sample-interval", type=float, default=0.1, help="seconds between queue-occupancy samples")
+    r.add_argument("--peer-timeout", type=float, default=10.0,
+                   help="seconds a member may go unheard before the job counts it lost and aborts")
     r.add_argument("--cpu-monitor", default="auto", choices=CPU_MONITORS,
                    help="per-node CPU monitor: mpstat (sysstat), psutil, auto (mpstat if installed) or none")
     r.add_argument("--monitor-interval", type=_positive_int, default=1, help="seconds between CPU samples")
@@ -148,9 +154,9 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     return RunConfig(data=a.data, out=a.out, network=a.network, consumer=a.consumer, batch_size=a.batch_size,
                      steps=a.steps, warmup=a.warmup, cores=a.cores, image_size=a.image_size, scheme=a.scheme,
                      preprocessors=a.preprocessors, rate=rate, rate_source=rate_source, seed=a.seed, lrs=a.lr,
-                     shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, skip_corrupt=a.skip_corrupt,
+                     shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, on_corrupt=a.on_corrupt,
                      fast_mode=a.fast_mode, wire_dtype=a.wire_dtype, transport=a.transport,
-                     sample_interval=a.sample_interval, node_shm=a.node_shm, batch_checksums=a.batch_checksums,
+                     sample_interval=a.sample_interval, peer_timeout=a.peer_timeout, node_shm=a.node_shm, batch_checksums=a.batch_checksums,
                      cpu_monitor=a.cpu_monitor,
                      monitor_interval=a.monitor_interval, power=a.power, power_csv=a.power_csv,
                      idle_power=a.idle_power, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)

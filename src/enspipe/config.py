@@ -6,6 +6,7 @@ starts, with a :class:`ConfigError` that names the field (as its command-line op
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -16,6 +17,8 @@ TRANSPORTS = ("mpi4py", "horovod")
 PREPROCESSINGS = ("inception", "vgg")
 CPU_MONITORS = ("auto", "mpstat", "psutil", "none")
 POWER_SOURCES = ("auto", "rapl", "nvml", "slurm", "external", "modelled")
+ON_CORRUPT = ("fail", "skip")
+MAX_SAMPLE_INTERVAL = 60.0  # seconds
 
 
 class ConfigError(ValueError):
@@ -57,12 +60,17 @@ class RunConfig:
       shuffle_buffer: records in the seeded shuffle buffer (0 = canonical order); at most a quarter
         of a TFRecord dataset is used (:func:`enspipe.data.effective_shuffle_buffer`).
       queue_depth: capacity, in batches, of each bounded stage queue.
-      skip_corrupt: skip undecodable or corrupt records and count them, instead of failing.
+      on_corrupt: ``fail`` (the default) stops the run at an undecodable image or a corrupt record,
+        naming it; ``skip`` skips it and counts it (only it: the rest of its shard is still read).
+        Either way a run that delivers an epoch short of what the manifest promises, beyond what it
+        skipped, fails naming the shards.
       fast_mode: TF-Slim's inception ``fast_mode`` (off in the paper).
       wire_dtype: element type of preprocessed images on the wire; ``uint8`` is lossy (1/255).
       transport: collective library for the exchange: ``mpi4py`` (communicators) or ``horovod``
         (process sets; needs the Horovod build of ``make horovod``).
       sample_interval: seconds between queue-occupancy samples.
+      peer_timeout: seconds a member may go unheard (the heartbeat ring of :mod:`enspipe.liveness`)
+        before the job counts it lost and aborts.
       node_shm: assemble shared batches in node-shared memory (one copy per block within a
         node); off: the MPI collectives themselves on every link. mpi4py transport only.
       batch_checksums: log a checksum of each delivered batch's bytes (pixels and metadata) in
@@ -97,7 +105,8 @@ class RunConfig:
     lrs: tuple[float, ...] = (0.01,)
     shuffle_buffer: int = 1024
     queue_depth: int = 4
-    skip_corrupt: bool = False
+    on_corrupt: str = "fail"
+    peer_timeout: float = 10.0
     fast_mode: bool = False
     wire_dtype: str = "float32"
     transport: str = "mpi4py"
@@ -118,6 +127,12 @@ class RunConfig:
 
         _require(bool(self.data), "data", "no dataset given", "pass --data DIR (see `enspipe make-dataset`)")
         _require(bool(self.out), "out", "no output directory given", "pass --out DIR")
+        for name in ("rate", "sample_interval", "idle_watts", "watts_per_core", "peer_timeout"):
+            value = getattr(self, name)
+            _require(value is None or math.isfinite(value), name, f"must be a finite number, got {value}",
+                     "pass a finite value")
+        _require(all(math.isfinite(lr) for lr in self.lrs), "lr", f"learning rates must be finite, got {list(self.lrs)}",
+                 "pass e.g. --lr 0.01,0.02")
         _require(self.network in NETWORKS, "network", f"unknown network {self.network!r}",
                  f"choose one of {', '.join(NETWORKS)}")
         _require(self.consumer in CONSUMERS, "consumer", f"unknown consumer {self.consumer!r}",
@@ -156,8 +171,12 @@ class RunConfig:
 
             _require(importlib.util.find_spec("horovod") is not None, "transport", "Horovod is not installed here",
                      "build it with `make horovod` and run from .venv-horovod, or use --transport mpi4py")
-        _require(self.sample_interval > 0, "sample_interval", f"must be > 0, got {self.sample_interval}",
-                 "pass seconds, e.g. 0.1")
+        _require(0 < self.sample_interval <= MAX_SAMPLE_INTERVAL, "sample_interval",
+                 f"must be in (0, {MAX_SAMPLE_INTERVAL:g}] seconds, got {self.sample_interval}", "pass seconds, e.g. 0.1")
+        _require(self.peer_timeout >= 2, "peer_timeout", f"must be at least 2 s, got {self.peer_timeout}",
+                 "pass seconds, e.g. 10 (the heartbeat beats twice a second)")
+        _require(self.on_corrupt in ON_CORRUPT, "on_corrupt", f"unknown choice {self.on_corrupt!r}",
+                 f"choose one of {', '.join(ON_CORRUPT)}")
         _require(self.cpu_monitor in CPU_MONITORS, "cpu_monitor", f"unknown CPU monitor {self.cpu_monitor!r}",
                  f"choose one of {', '.join(CPU_MONITORS)}")
         if self.cpu_monitor == "mpstat":
@@ -185,6 +204,16 @@ class RunConfig:
                  "pass watts >= 0 for --idle-watts and --watts-per-core")
         _require(os.path.exists(self.data), "data", f"{self.data!r} does not exist",
                  "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")
+        from enspipe.manifest import check
+
+        problem = check(self.data)
+        _require(problem is None, "data", str(problem), "point --data at a dataset (see `enspipe make-dataset`)")
+        problem = unwritable(self.out)
+        _require(problem is None, "out", str(problem), "pass a directory you may write, or a new one under it")
+
+    @property
+    def skip_corrupt(self) -> bool:
+        return self.on_corrupt == "skip"
 
     @property
     def global_batch(self) -> int:
@@ -205,3 +234,19 @@ class RunConfig:
         d["power"] = list(self.power)
         d["batch_size"] = self.global_batch
         return d
+
+
+def unwritable(path: str) -> str | None:
+    """Why the output directory ``path`` could not be created or written (None: it can), without
+    creating anything: an existing directory must be writable, an existing file is refused, and a
+    new directory's nearest existing ancestor must be a writable directory."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"{path!r} exists and is not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else f"{path!r} is not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent!r}, on the way to {path!r}, is not a directory"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{path!r} cannot be created: {parent!r} is not writable"

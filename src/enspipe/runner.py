@@ -27,6 +27,7 @@ from enspipe.config import ConfigError, RunConfig
 from enspipe.schemes import make_scheme
 
 SUMMARY = "summary.json"
+FAILED_SUMMARY = "summary.failed.json"  # a finished cell that broke its exactly-once promise
 
 
 def _say(rank: int, msg: str) -> None:
@@ -39,6 +40,9 @@ def _percentile(xs: list[float], q: float) -> float | None:
 
 
 def run(cfg: RunConfig) -> int:
+    from enspipe.liveness import die_with_launcher
+
+    die_with_launcher()  # a lost node's members must not run on as orphans
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -50,30 +54,37 @@ def run(cfg: RunConfig) -> int:
             print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
         return 2
 
+    progress = {"rank": rank, "stage": "setup", "step": None}
     try:
-        return _run_member(cfg, comm, scheme)
+        return _run_member(cfg, comm, scheme, progress)
     except BaseException as e:  # noqa: BLE001 - a failed rank takes the job down, fast
-        msg = f"rank {rank} failed: {type(e).__name__}: {e}"
-        print(f"enspipe: error: {msg}", file=sys.stderr, flush=True)
-        _write_error(cfg.out, rank, msg, traceback.format_exc())
-        comm.Abort(1)
+        _fail(cfg, comm, progress, f"rank {rank} failed: {type(e).__name__}: {e}", traceback.format_exc())
         return 1
 
 
-def _write_error(out: str, rank: int, message: str, tb: str) -> None:
-    """Leave the failure next to the event logs (``error.rankNNNN.txt``)."""
+def _fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> None:
+    """Leave why next to the event logs and end the whole job: ``error.rankNNNN.txt`` (with the
+    traceback) and ``failed.rankNNNN.json`` (where the rank got to), then ``MPI_Abort``."""
+    from enspipe.atomic import write_json_atomic
+
+    rank = progress["rank"]
+    print(f"enspipe: error: {reason}", file=sys.stderr, flush=True)
     try:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, f"error.rank{rank:04d}.txt"), "w") as f:
-            f.write(message + "\n\n" + tb)
+        os.makedirs(cfg.out, exist_ok=True)
+        with open(os.path.join(cfg.out, f"error.rank{rank:04d}.txt"), "w") as f:
+            f.write(reason + "\n\n" + tb)
+        write_json_atomic(os.path.join(cfg.out, f"failed.rank{rank:04d}.json"),
+                          {**progress, "reason": reason, "time": time.time(), "config": cfg.to_dict()})
     except OSError:
         pass
+    comm.Abort(1)
 
 
-def _run_member(cfg: RunConfig, comm, scheme) -> int:
+def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     from mpi4py import MPI
 
     from enspipe.affinity import configure_tensorflow_threads, pin_process
+    from enspipe.liveness import Heartbeat
     from enspipe.placement import place
 
     rank, n = comm.Get_rank(), comm.Get_size()
@@ -86,9 +97,13 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
 
     import tensorflow as tf
 
+    heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: _fail(  # after TensorFlow's import holds the GIL
+        cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
+        timeout=cfg.peer_timeout).start()
     from enspipe.accounting import EpochLedger
     from enspipe.consumers import make_consumer
-    from enspipe.data import effective_shuffle_buffer, load_manifest, write_json_atomic
+    from enspipe.data import (DataError, effective_shuffle_buffer, expected_keys, load_manifest, sample_ids,
+                              verify_digest, write_json_atomic)
     from enspipe.events import EventLog
     from enspipe.exchange import ExchangeEngine, Mpi4pyTransport
     from enspipe.networks import NETWORKS
@@ -97,11 +112,17 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     from enspipe.measure import job_fields, write_power_table
 
     summary_path = os.path.join(cfg.out, SUMMARY)
-    if rank == 0 and os.path.exists(summary_path):
-        os.remove(summary_path)  # a rerun must not leave the old summary looking like its result
+    if rank == 0:  # a rerun must not leave an old summary or an old failure looking like its result
+        for old in [SUMMARY, FAILED_SUMMARY, *(f for f in os.listdir(cfg.out) if f.startswith(("failed.rank", "error.rank")))]:
+            if os.path.exists(os.path.join(cfg.out, old)):
+                os.remove(os.path.join(cfg.out, old))
+    comm.Barrier()
     events = EventLog(cfg.out, rank)
     preprocessing = NETWORKS[cfg.network].preprocessing
     manifest = load_manifest(cfg.data)
+    problem = verify_digest(manifest)  # the count and the shards were checked before MPI started
+    if problem:
+        raise DataError(problem)
     role = scheme.role(rank)
     events.log("config", config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=role, host=where.host,
                host_rank=where.host_rank, mpi_node=where.mpi_node, cores=affinity, sharing_cores=where.sharing_cores,
@@ -134,7 +155,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
                         shuffle_buffer=cfg.shuffle_buffer, queue_depth=cfg.queue_depth,
                         skip_corrupt=cfg.skip_corrupt, fast_mode=cfg.fast_mode, wire_dtype=cfg.wire_dtype,
                         sample_interval=cfg.sample_interval, events=events)
-    member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images), events)
+    member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images), events, progress)
     slurm = _slurm_counter(cfg) if rank == 0 else None
 
     # -- warm-up: unmeasured steps until every member's pipeline is in its steady state --------
@@ -142,6 +163,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     if monitor:
         monitor.mark("warmup_start", t_start)
     pipeline.start()
+    progress["stage"] = "warm-up"
     warmup_steps, steady = _warm_up(cfg, comm, member)
 
     # -- the measured window: cfg.steps steps, the producers running throughout -----------------
@@ -151,6 +173,7 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
     if monitor:
         monitor.mark("measure_start", wall0)
     events.log("measure_start", step=warmup_steps, steady=steady)
+    progress["stage"] = "measured window"
     for step in range(warmup_steps, warmup_steps + cfg.steps):
         member.step(step, measured=True)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
@@ -163,13 +186,20 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
         monitor.mark("measure_end", wall1)
 
     # -- stop the producers together (their collectives must match), discarding what is left ---
+    progress["stage"] = "stopping the producers"
     discarded = _stop_producers(comm, pipeline)
     pipeline.close()
     transport.close()
 
+    progress["stage"] = "report"
     epochs = member.ledger.completed()
     for e in epochs:
         events.log("epoch", **e)
+    skipped = pipeline.skipped(warmup_steps + cfg.steps)
+    short = member.ledger.short(None)
+    if short:  # an epoch short of the manifest: which keys it lacks, to tell skipped from lost
+        keys = expected_keys(manifest)
+        short = member.ledger.short(dict(zip(sample_ids(keys).tolist(), keys)) if keys else None)
     images = member.images
     report = {
         "rank": rank, "host": where.host, "role": role, "host_rank": where.host_rank, "mpi_node": where.mpi_node,
@@ -184,7 +214,9 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
         "wait_time_mean": float(np.mean(member.waits)) if member.waits else None,
         "starved_fraction": member.starved / cfg.steps,
         "queue_occupancy": pipeline.occupancy_stats(wall0, wall1),
-        "epochs": epochs, "partial_epoch": member.ledger.partial(), "skipped": pipeline.skipped(warmup_steps + cfg.steps),
+        "epochs": epochs, "partial_epoch": member.ledger.partial(),
+        "skipped": [k for keys in skipped.values() for k in keys], "skipped_by_epoch": skipped,
+        "short_epochs": short,
         "loss_first": member.losses[0] if member.losses else None,
         "loss_last": member.losses[-1] if member.losses else None,
         "device": getattr(consumer, "device", None),
@@ -231,13 +263,51 @@ def _run_member(cfg: RunConfig, comm, scheme) -> int:
                          "mpi": MPI.Get_library_version().splitlines()[0].strip()},
             "finished": time.time(),
         }
-        write_json_atomic(summary_path, summary)
-        _say(rank, f"{summary['images_per_second_per_member']:.1f} images/s per member, "
-                   f"{summary['cpu_seconds_total']:.2f} CPU-s in the measured window; {summary_path}")
-    events.log("end")
+        failure = _short_epochs(reports, manifest.num_images)
+    failure = comm.bcast(failure if rank == 0 else None, root=0)
+    events.log("end", **({"failure": failure} if failure else {}))
     events.close()
-    comm.Barrier()
-    return 0
+    comm.Barrier()  # every member is alive and done: only now does the cell's summary appear
+    heartbeat.stop()
+    if rank == 0:
+        write_json_atomic(summary_path if not failure else os.path.join(cfg.out, FAILED_SUMMARY),
+                          summary | ({"failure": failure} if failure else {}))
+        if failure:
+            print(f"enspipe: error: {failure}; the cell's numbers are in {FAILED_SUMMARY}", file=sys.stderr, flush=True)
+        else:
+            _say(rank, f"{summary['images_per_second_per_member']:.1f} images/s per member, "
+                       f"{summary['cpu_seconds_total']:.2f} CPU-s in the measured window; {summary_path}")
+    return 1 if failure else 0
+
+
+def _short_epochs(reports: list[dict], num_images: int) -> str | None:
+    """Why the cell failed its exactly-once promise, or None: a member's completed epoch lacks
+    samples that no member skipped (and counted), i.e. data vanished under the manifest."""
+    skipped: dict[str, set[str]] = {}
+    for r in reports:
+        for epoch, keys in r["skipped_by_epoch"].items():
+            skipped.setdefault(str(epoch), set()).update(keys)
+    for r in reports:
+        for epoch, missing in r["short_epochs"].items():
+            if missing is None:
+                count = next(e["count"] for e in r["epochs"] if str(e["epoch"]) == str(epoch))
+                lost = num_images - count - len(skipped.get(str(epoch), ()))
+                if lost > 0:
+                    return (f"rank {r['rank']}, epoch {epoch}: {count} of the manifest's {num_images} samples "
+                            f"delivered and {lost} not skipped (the manifest does not count its shards' records, so "
+                            "they cannot be named; re-index with `enspipe index`)")
+                continue
+            lost = sorted(set(missing) - skipped.get(str(epoch), set()))
+            if lost:
+                shards: dict[str, int] = {}
+                for key in lost:
+                    shard = key.rsplit(":", 1)[0]
+                    shards[shard] = shards.get(shard, 0) + 1
+                where = ", ".join(f"{s} ({k})" for s, k in sorted(shards.items()))
+                return (f"rank {r['rank']}, epoch {epoch}: {len(lost)} of the manifest's {num_images} samples never "
+                        f"arrived and were not skipped, from {where}; the data changed under its manifest: re-create "
+                        "or re-index it")
+    return None
 
 
 # -- the consumer side of one member ----------------------------------------------------------------
@@ -245,8 +315,9 @@ class _Member:
     """One member's consumer side: takes its pipeline's batches, feeds its consumer, keeps the
     exactly-once ledger and logs one event per step; the measured steps' numbers accumulate."""
 
-    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, events):
+    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, events, progress: dict):
         self.cfg, self.pipeline, self.consumer, self.ledger, self.events = cfg, pipeline, consumer, ledger, events
+        self.progress = progress
         self.fault = _injected_fault(rank)
         self.step_times: list[float] = []
         self.waits: list[float] = []
@@ -259,6 +330,7 @@ class _Member:
         consumer does)."""
         from enspipe.data import batch_checksum, digest_of
 
+        self.progress["step"] = step
         if self.fault and self.fault[0] == step:
             _inject(self.fault[1], step)
         queues = self.pipeline.occupancy()
