@@ -65,7 +65,7 @@ def test_undecodable_jpeg_fails_naming_the_record(bad_jpeg_dataset, tmp_path):
     data, key = bad_jpeg_dataset
     r = enspipe("run", "--data", data, "--out", tmp_path, "--consumer", "peak", *BASE, timeout=120)
     assert r.returncode != 0
-    assert key in r.stderr and "--skip-corrupt" in r.stderr
+    assert key in r.stderr and "--on-corrupt skip" in r.stderr
     assert not (tmp_path / "summary.json").exists()
 
 

@@ -64,6 +64,20 @@ def test_a_bad_config_fails_naming_the_key(tmp_path):
     assert r.returncode != 0 and "instance['steps']" in r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("path, says", [
+    ("/no/such/data", "dataset.path: '/no/such/data' is not a directory"),
+    ("../..", "dataset.path:"),  # a directory, but no dataset
+    ("data; rm -rf ~", "does not match"),  # shell metacharacters: refused by the schema
+])
+def test_a_wrong_dataset_path_fails_the_dry_run_naming_it(tmp_path, path, says):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_config("test") | {"dataset": {"path": path}}))
+    (tmp_path / "wd" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "wd" / "notes.txt").write_text("not a dataset")
+    r = snakemake("-n", "--configfile", bad, workdir=tmp_path / "wd" / "a" / "b")
+    assert r.returncode != 0 and says in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+
+
 SMOKE = {"training": {"consumer": "emulated", "networks": ["vgg_a"], "schemes": ["baseline", "all_shared"],
                       "n": [2], "cores": [1]}}
 

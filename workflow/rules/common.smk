@@ -20,6 +20,16 @@ ENV = "../envs/enspipe.yaml"
 
 validate(config, schema="../schemas/config.schema.yaml")
 
+if config["dataset"].get("path"):  # the data stage reads it: refuse a wrong one before any job
+    from enspipe.manifest import check as check_dataset
+
+    _problem = check_dataset(config["dataset"]["path"])
+    if _problem:
+        raise WorkflowError(
+            f"config: dataset.path: {_problem}; point it at TF-Slim TFRecord shards or JPEG class folders, "
+            "or set it to null to generate the embedded dataset"
+        )
+
 try:
     CELLS, GRID_NOTES = grid.expand(config)
 except grid.GridError as e:

@@ -1,0 +1,210 @@
+"""Bad input and faults: damaged data is noticed and counted, wrong options are refused before any
+work (exit 2, nothing created), and a lost rank or node fails the cell fast without a summary
+that looks complete."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import MPIEXEC, enspipe, summary, with_option
+
+BASE = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
+        "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16"]
+
+
+def _copy(dataset, tmp_path, name="d") -> str:
+    out = tmp_path / name
+    shutil.copytree(dataset, out)
+    return str(out)
+
+
+def _manifest(data) -> dict:
+    with open(os.path.join(data, "manifest.json")) as f:
+        return json.load(f)
+
+
+def _write_manifest(data, m: dict) -> None:
+    with open(os.path.join(data, "manifest.json"), "w") as f:
+        json.dump(m, f)
+
+
+def _offsets(path) -> list[int]:
+    raw, out, o = open(path, "rb").read(), [], 0
+    while o < len(raw):
+        out.append(o)
+        o += 16 + struct.unpack("<Q", raw[o:o + 8])[0]
+    return out
+
+
+def _damage(path, record: int, where: str) -> None:
+    """Flip a byte of one record's image bytes (``data``) or of its length field (``length``)."""
+    raw = bytearray(open(path, "rb").read())
+    o = _offsets(path)[record]
+    raw[o + (12 + 200 if where == "data" else 0)] ^= 0xFF
+    open(path, "wb").write(bytes(raw))
+
+
+def _shard(data, i=0) -> str:
+    return os.path.join(data, _manifest(data)["shards"][i]["path"])
+
+
+def _skipped_events(out) -> list[dict]:
+    with open(os.path.join(out, "events.rank0000.jsonl")) as f:
+        return [e for e in map(json.loads, f) if e["event"] == "skipped"]
+
+
+# -- damaged data ----------------------------------------------------------------------------------
+def test_a_corrupt_record_fails_the_run_naming_it(dataset, tmp_path):
+    data = _copy(dataset, tmp_path)
+    _damage(_shard(data), 3, "data")
+    r = enspipe("run", "--data", data, "--out", tmp_path / "o", *BASE, timeout=120)
+    assert r.returncode != 0 and "corrupt TFRecord at record 3" in r.stderr and "--on-corrupt skip" in r.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("where", ["data", "length"])
+def test_on_corrupt_skip_skips_and_counts_only_what_is_lost(dataset, tmp_path, where):
+    """A record whose image bytes are damaged is skipped alone; one whose length field is damaged
+    loses the rest of its shard (it cannot be followed), and every lost record is counted."""
+    data = _copy(dataset, tmp_path)
+    shard = _shard(data)
+    _damage(shard, 3, where)
+    in_shard = _manifest(data)["shards"][0]["num_records"]
+    r = enspipe("run", "--data", data, "--out", tmp_path / "o", "--on-corrupt", "skip", *BASE)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rank = summary(tmp_path / "o")["ranks"][0]
+    name = os.path.basename(shard)
+    lost = {f"{name}:3"} if where == "data" else {f"{name}:{i}" for i in range(3, in_shard)}
+    assert set(rank["skipped"]) == lost and set(rank["skipped_by_epoch"]["0"]) == lost
+    assert rank["epochs"][0]["count"] == 50 - len(lost) and rank["epochs"][0]["missing"] == len(lost)
+    assert {e["reason"] for e in _skipped_events(tmp_path / "o")} == {"corrupt record"}
+
+
+def test_an_emptied_shard_is_refused_before_any_work(dataset, tmp_path):
+    data = _copy(dataset, tmp_path)
+    open(_shard(data, 1), "wb").close()
+    r = enspipe("run", "--data", data, "--out", tmp_path / "o", *BASE)
+    assert r.returncode == 2 and "--data" in r.stderr and os.path.basename(_shard(data, 1)) in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_manifest_that_does_not_add_up_is_refused(dataset, tmp_path):
+    data = _copy(dataset, tmp_path)
+    _write_manifest(data, _manifest(data) | {"num_images": 51})
+    r = enspipe("run", "--data", data, "--out", tmp_path / "o", *BASE)
+    assert r.returncode == 2 and "--data" in r.stderr and "promises 51 images" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_manifest_with_a_wrong_digest_is_refused_before_reading(dataset, tmp_path):
+    data = _copy(dataset, tmp_path)
+    _write_manifest(data, _manifest(data) | {"digest": "0123456789abcdef"})
+    r = enspipe("run", "--data", data, "--out", tmp_path / "o", *BASE, timeout=120)
+    assert r.returncode != 0 and "digest 0123456789abcdef is not its shards'" in r.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_an_epoch_short_of_the_manifest_fails_naming_the_shard(dataset, tmp_path):
+    """A shard that lost records behind the manifest's back (its size not recorded, as in an older
+    manifest): the run finishes, but its epoch is short and nothing was skipped, so the cell fails
+    and its numbers go to summary.failed.json."""
+    data = _copy(dataset, tmp_path)
+    shard = _shard(data, 1)
+    offsets = _offsets(shard)
+    with open(shard, "r+b") as f:
+        f.truncate(offsets[5])  # keep 5 records of 20
+    m = _manifest(data)
+    for s in m["shards"]:
+        s.pop("bytes")
+    _write_manifest(data, m)
+    r = enspipe("run", "--data", data, "--out", tmp_path / "o", *BASE)
+    assert r.returncode != 0 and "15 of the manifest's 50 samples never arrived" in r.stderr
+    assert f"{os.path.basename(shard)} (15)" in r.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()
+    failed = json.loads((tmp_path / "o" / "summary.failed.json").read_text())
+    assert "never arrived" in failed["failure"] and failed["ranks"][0]["epochs"][0]["count"] == 35
+
+
+# -- options refused before any work ---------------------------------------------------------------
+@pytest.mark.parametrize("option, value", [
+    ("--sample-interval", "inf"), ("--sample-interval", "nan"), ("--sample-interval", "0"),
+    ("--sample-interval", "-1"), ("--rate", "nan"), ("--idle-watts", "inf"), ("--peer-timeout", "0"),
+    ("--lr", "nan"), ("--on-corrupt", "ignore"),
+])
+def test_every_numeric_option_has_a_finite_range(dataset, tmp_path, option, value):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", *BASE, option, value)
+    assert r.returncode == 2 and option.lstrip("-").split("-")[0] in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_output_that_cannot_be_a_directory_is_refused_creating_nothing(dataset, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for out in (blocker, blocker / "cell"):
+        r = enspipe("run", "--data", dataset, "--out", out, *BASE)
+        assert r.returncode == 2 and "--out" in r.stderr and "not a directory" in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_a_dataset_folder_without_data_is_refused(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("not a TFRecord")
+    r = enspipe("run", "--data", tmp_path / "d", "--out", tmp_path / "o", *BASE)
+    assert r.returncode == 2 and "--data" in r.stderr and "not a TFRecord file" in r.stderr
+
+
+# -- a lost rank or node ---------------------------------------------------------------------------
+def _start(dataset, out, n, launcher=()):
+    """A long All-Shared run in the background."""
+    cmd = [MPIEXEC, *launcher, "-n", str(n), sys.executable, "-m", "enspipe", "run", "--data", dataset,
+           "--out", str(out), "--scheme", "all_shared", *with_option(BASE, "--steps", 2000)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_steps(out, n, timeout=120):
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        logs = [out / f"events.rank{r:04d}.jsonl" for r in range(n)]
+        if all(p.exists() and '"event": "step"' in p.read_text() for p in logs):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the ranks never started their steps")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("which", ["rank 0's proxy", "another proxy"])
+def test_a_lost_node_fails_the_cell_fast(dataset, tmp_path, which):
+    """``kill -9`` of a ``hydra_pmi_proxy`` is what a node failure looks like to MPICH: the node's
+    members die with it and the others notice within the heartbeat timeout; no summary appears."""
+    out = tmp_path / "o"
+    proc = _start(dataset, out, 4, ("-launcher", "fork", "-hosts", "a:2,b:2"))
+    try:
+        _wait_for_steps(out, 4)
+        proxies = [p for p in psutil.Process(proc.pid).children() if "hydra_pmi_proxy" in p.name()]
+        assert len(proxies) == 2
+        ranks = {p.pid: {int(c.environ().get("PMI_RANK", -1)) for c in p.children()} for p in proxies}
+        victim = next(p for p in proxies if (0 in ranks[p.pid]) == (which == "rank 0's proxy"))
+        t = time.monotonic()
+        victim.kill()
+        proc.wait(timeout=60)
+        elapsed = time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert elapsed < 30, elapsed  # the heartbeat's 10 s, start-up of nothing, and the abort
+    assert not (out / "summary.json").exists()
+    assert not [c for c in psutil.process_iter(["cmdline"]) if str(out) in " ".join(c.info["cmdline"] or [])]
+
+
+@pytest.mark.mpi
+def test_a_killed_rank_0_leaves_no_summary(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared", *BASE, n=3,
+                env={"ENSPIPE_INJECT_FAULT": "0:3:kill"}, timeout=120)
+    assert r.returncode != 0 and not (tmp_path / "summary.json").exists()
