@@ -162,16 +162,19 @@ class Pipeline:
 
         slice_len = self.share[1] - self.share[0]
 
-        def per_slice(b):
+        def per_slice(b):  # one slice's images, the skipped ones left out, and a marker at its end
             items = tf.data.Dataset.from_tensor_slices(b).map(one, num_parallel_calls=self.threads, deterministic=True)
-            if self.skip_corrupt:  # keep one output per slice even if all of it is skipped
-                items = items.ignore_errors().concatenate(tf.data.Dataset.from_tensors(
-                    (tf.zeros([self.size, self.size, 3], tf.uint8 if self.wire_dtype == "uint8" else tf.float32),
-                     tf.constant([-1, -1, -1, -1], tf.int64))))
+            items = items.ignore_errors().concatenate(tf.data.Dataset.from_tensors(
+                (tf.zeros([self.size, self.size, 3], tf.uint8 if self.wire_dtype == "uint8" else tf.float32),
+                 tf.constant([-1, -1, -1, -1], tf.int64))))
             return items.batch(slice_len + 1)
 
         ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
-        ds = ds.interleave(per_slice, cycle_length=2, num_parallel_calls=2, deterministic=True)
+        if self.skip_corrupt:  # a slice may lose images: each keeps its own bounds
+            ds = ds.interleave(per_slice, cycle_length=2, num_parallel_calls=2, deterministic=True)
+        else:  # one stream of images, preprocessed K at a time across slice boundaries, regrouped
+            ds = ds.flat_map(tf.data.Dataset.from_tensor_slices).map(
+                one, num_parallel_calls=self.threads, deterministic=True).batch(slice_len)
         ds = ds.with_options(self._options())
         it = self._prep_iterator = iter(ds)  # kept until close(): its pool threads' CPU stays visible
         while True:

@@ -349,6 +349,7 @@ class _Member:
         if "loss" in out:
             self.losses.append(out["loss"])
         self.events.log("step", step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
+                        cpu_s=time.process_time(),
                         measured=measured, queues=queues, starved=starved, saturated=saturated,
                         batch_digest=digest_of(batch.meta[:, 0]),
                         **({"batch_checksum": batch_checksum(batch)} if self.cfg.batch_checksums else {}), **out)
