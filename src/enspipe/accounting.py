@@ -38,12 +38,11 @@ class EpochLedger:
         rest = [e for e in self._counts if e not in done]
         return {"epoch": rest[0], "count": self._counts[rest[0]]} if rest else None
 
-    def short(self, expected: dict[int, str] | None) -> dict[int, list[str] | None]:
-        """For each completed epoch with fewer samples than the dataset: the keys it lacks (from
-        ``expected``, id -> key of every sample), or None where the keys are not known."""
-        out: dict[int, list[str] | None] = {}
-        for e in self.completed():
-            if e["missing"] > 0:
-                seen = set(np.concatenate(self._ids[e["epoch"]]).tolist())
-                out[e["epoch"]] = None if expected is None else sorted(k for i, k in expected.items() if i not in seen)
-        return out
+    def short(self) -> list[int]:
+        """The completed epochs with fewer samples than the dataset."""
+        return [e["epoch"] for e in self.completed() if e["missing"] > 0]
+
+    def lacking(self, epoch: int, expected: dict[int, str]) -> list[str]:
+        """The keys of ``expected`` (id -> key of every sample) that ``epoch`` never delivered."""
+        seen = set(np.concatenate(self._ids[epoch]).tolist())
+        return sorted(k for i, k in expected.items() if i not in seen)

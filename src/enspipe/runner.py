@@ -15,6 +15,7 @@ hangs and never leaves a summary that looks complete.
 """
 from __future__ import annotations
 
+import collections
 import os
 import platform
 import sys
@@ -196,10 +197,11 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     for e in epochs:
         events.log("epoch", **e)
     skipped = pipeline.skipped(warmup_steps + cfg.steps)
-    short = member.ledger.short(None)
-    if short:  # an epoch short of the manifest: which keys it lacks, to tell skipped from lost
-        keys = expected_keys(manifest)
-        short = member.ledger.short(dict(zip(sample_ids(keys).tolist(), keys)) if keys else None)
+    short: dict[int, list[str] | None] = dict.fromkeys(member.ledger.short())
+    keys = expected_keys(manifest) if short else None
+    if keys:  # an epoch short of the manifest: the keys it lacks tell skipped from lost
+        expected = dict(zip(sample_ids(keys).tolist(), keys))
+        short = {e: member.ledger.lacking(e, expected) for e in short}
     images = member.images
     report = {
         "rank": rank, "host": where.host, "role": role, "host_rank": where.host_rank, "mpi_node": where.mpi_node,
@@ -283,30 +285,26 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
 def _short_epochs(reports: list[dict], num_images: int) -> str | None:
     """Why the cell failed its exactly-once promise, or None: a member's completed epoch lacks
     samples that no member skipped (and counted), i.e. data vanished under the manifest."""
-    skipped: dict[str, set[str]] = {}
+    skipped: dict[int, set[str]] = {}
     for r in reports:
         for epoch, keys in r["skipped_by_epoch"].items():
-            skipped.setdefault(str(epoch), set()).update(keys)
+            skipped.setdefault(epoch, set()).update(keys)
     for r in reports:
-        for epoch, missing in r["short_epochs"].items():
-            if missing is None:
-                count = next(e["count"] for e in r["epochs"] if str(e["epoch"]) == str(epoch))
-                lost = num_images - count - len(skipped.get(str(epoch), ()))
+        counts = {e["epoch"]: e["count"] for e in r["epochs"]}
+        for epoch, lacking in r["short_epochs"].items():
+            gone = skipped.get(epoch, set())
+            where = f"rank {r['rank']}, epoch {epoch}: "
+            if lacking is None:  # the manifest does not count its shards' records
+                lost = num_images - counts[epoch] - len(gone)
                 if lost > 0:
-                    return (f"rank {r['rank']}, epoch {epoch}: {count} of the manifest's {num_images} samples "
-                            f"delivered and {lost} not skipped (the manifest does not count its shards' records, so "
-                            "they cannot be named; re-index with `enspipe index`)")
-                continue
-            lost = sorted(set(missing) - skipped.get(str(epoch), set()))
-            if lost:
-                shards: dict[str, int] = {}
-                for key in lost:
-                    shard = key.rsplit(":", 1)[0]
-                    shards[shard] = shards.get(shard, 0) + 1
-                where = ", ".join(f"{s} ({k})" for s, k in sorted(shards.items()))
-                return (f"rank {r['rank']}, epoch {epoch}: {len(lost)} of the manifest's {num_images} samples never "
-                        f"arrived and were not skipped, from {where}; the data changed under its manifest: re-create "
-                        "or re-index it")
+                    return (where + f"{counts[epoch]} of the manifest's {num_images} samples delivered and {lost} not "
+                            "skipped (the manifest does not count its shards' records, so they cannot be named; "
+                            "re-index with `enspipe index`)")
+            elif lost := [k for k in lacking if k not in gone]:
+                shards = collections.Counter(k.rsplit(":", 1)[0] for k in lost)
+                return (where + f"{len(lost)} of the manifest's {num_images} samples never arrived and were not "
+                        f"skipped, from {', '.join(f'{s} ({k})' for s, k in sorted(shards.items()))}; the data "
+                        "changed under its manifest: re-create or re-index it")
     return None
 
 
