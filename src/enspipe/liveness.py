@@ -11,6 +11,11 @@ clean-up, tens of seconds later, or finish the cell as if nothing had happened. 
   nothing for ``timeout`` seconds declares the predecessor lost and calls ``on_loss`` (which
   records why and aborts the job). A lost member is noticed within ``timeout`` seconds wherever
   the others are blocked.
+
+The beat is a Python thread, so a rank whose other threads hold the GIL for ``timeout`` seconds
+looks lost too: nothing on a member's path may block that long inside a call that keeps the GIL
+(tf.data's autotuner made an iterator's destructor do so for up to 10 s; it is off, see
+``Pipeline._options``).
 """
 from __future__ import annotations
 

@@ -89,6 +89,10 @@ class Pipeline:
         opts.threading.private_threadpool_size = self.threads
         opts.threading.max_intra_op_parallelism = 1
         opts.deterministic = True
+        # Parallelism is set explicitly (``threads``), so tf.data's autotuner has nothing to tune;
+        # its model thread sleeps up to 10 s between passes and an iterator's destructor waits for
+        # it, holding the GIL: stopping a member took 10 s in half the runs and silenced its heartbeat.
+        opts.autotune.enabled = False
         return opts
 
     def _put(self, name: str, item) -> None:

@@ -188,9 +188,11 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
 
     # -- stop the producers together (their collectives must match), discarding what is left ---
     progress["stage"] = "stopping the producers"
+    t_stop = time.perf_counter()
     discarded = _stop_producers(comm, pipeline)
     pipeline.close()
     transport.close()
+    events.log("stopped", seconds=time.perf_counter() - t_stop, discarded_batches=discarded)
 
     progress["stage"] = "report"
     epochs = member.ledger.completed()
