@@ -55,13 +55,19 @@ def main() -> None:
     steps = [int(s) for s in a.steps.split(",")]
     cells = list(itertools.product(a.regimes.split(","), a.schemes.split(",")))
     runs: dict = {}
+    failed: list[str] = []
     for rep in range(a.repeats):  # interleaved: every cell and step count once per repeat
         for (regime, scheme), k in itertools.product(cells, steps):
             network, rate, batch = regimes[regime]
             args = ["--network", network, "--scheme", scheme, *SCHEMES[scheme], "--consumer", "emulated",
                     "--rate", rate, "--batch-size", batch, "--steps", k, "--warmup", a.warmup,
                     "--image-size", a.size, *(["--cores", a.cores] if a.cores else [])]
-            runs.setdefault((regime, scheme, k), []).append(run_cell(data, a.n, args))
+            try:  # a failed run is reported in the table, not allowed to lose the others
+                runs.setdefault((regime, scheme, k), []).append(run_cell(data, a.n, args))
+            except RuntimeError as e:
+                failed.append(str(e).splitlines()[0])
+                print(f"  repeat {rep + 1}/{a.repeats}: {regime} {scheme} {k} steps FAILED: {str(e)[-400:]}", flush=True)
+                continue
             print(f"  repeat {rep + 1}/{a.repeats}: {regime} {scheme} {k} steps done", flush=True)
     print(f"\nn = {a.n}, batch {a.fast_batch} (preprocessing-bound) / {a.slow_batch} (accelerator-bound), "
           f"{a.size} px, warm-up >= {a.warmup}, cores per member "
@@ -72,7 +78,10 @@ def main() -> None:
     head += "".join(f"{f'acct@{k}':>10}" for k in steps)
     print(f"{'regime':<21}{'scheme':<18}{head}{'warm-up steps':>15}{'img/s/member':>14}")
     for regime, scheme in cells:
-        per = {k: runs[(regime, scheme, k)] for k in steps}
+        per = {k: runs.get((regime, scheme, k), []) for k in steps}
+        if not all(per.values()):
+            print(f"{regime:<21}{scheme:<18}  every run of some step count failed", flush=True)
+            continue
         cpu = {k: [cpu_per_image(s) for s in per[k]] for k in steps}
         err = "".join(f"{np.median(cpu[k]) / np.median(cpu[longest]) - 1:>+9.1%}" for k in steps if k != longest)
         acct = "".join(f"{max(abs(s['window']['balance'] - 1) for s in per[k]):>10.1%}" for k in steps)
@@ -81,6 +90,8 @@ def main() -> None:
         cols = "".join(f"{spread(cpu[k], 1000):>22}" for k in steps)
         print(f"{regime:<21}{scheme:<18}{cols}{err}{acct}{f'{min(warm)}-{max(warm)}':>15}"
               f"{np.median(rate):>14.0f}", flush=True)
+    if failed:
+        print(f"\n{len(failed)} run(s) failed:", *failed, sep="\n  ")
 
 
 if __name__ == "__main__":
