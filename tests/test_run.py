@@ -85,3 +85,24 @@ def test_calibrate_rc_measures_real_training_steps(tmp_path):
     assert r.returncode == 0, r.stderr
     rc = json.loads(out.read_text())
     assert rc["rc"] > 0 and rc["device"] in ("CPU", "GPU") and rc["steps"] == 3
+
+
+def _looks(*spec):
+    from enspipe.runner import _Look
+
+    return [_Look(starved=s == "w", saturated=s == "F", held=h) for s, h in spec]
+
+
+def test_a_start_up_wait_is_not_a_steady_state():
+    """The window opens when the queues stop filling: a consumer that waited only at start-up,
+    while its queues fill towards full, is not steady (the case that counted 80 preprocessed images
+    against 48 delivered in a 6-step window); full queues, or queues that no longer grow, are."""
+    from enspipe.runner import _steady
+
+    assert not _steady(_looks(("w", 0), ("-", 7)))                       # too few steps to judge
+    assert not _steady(_looks(("w", 0), ("-", 7), ("-", 9), ("-", 11)))  # filling after a start-up wait
+    assert _steady(_looks(("w", 0), ("-", 7), ("F", 12)))                # full: the consumer sets the pace
+    assert _steady(_looks(("w", 0), ("w", 0), ("-", 1), ("w", 0)))       # waits, queues not growing
+    assert _steady(_looks(("-", 2), ("w", 1), ("-", 2), ("-", 2)))       # near balance: level
+    assert _steady(_looks(("-", 2), ("-", 3), ("-", 2), ("-", 2)))       # never waits, never full: level
+    assert not _steady(_looks(("-", 2), ("-", 3), ("w", 2), ("-", 3)))   # growing despite a wait

@@ -21,6 +21,7 @@ import platform
 import sys
 import time
 import traceback
+from typing import NamedTuple
 
 import numpy as np
 
@@ -325,9 +326,9 @@ class _Member:
         self.images = self.starved = 0
 
     def step(self, step: int, measured: bool) -> bool:
-        """Consume one batch; returns whether the pipeline looked steady when it was asked for it:
-        the batch was not there yet (the producers set the pace) or every queue was full (the
-        consumer does)."""
+        """Consume one batch; returns what the pipeline looked like when it was asked for it (see
+        :class:`_Look`): whether the batch was missing, whether every queue was full and how many
+        batches the queues held."""
         from enspipe.data import batch_checksum, digest_of
 
         self.progress["step"] = step
@@ -353,10 +354,16 @@ class _Member:
                         measured=measured, queues=queues, starved=starved, saturated=saturated,
                         batch_digest=digest_of(batch.meta[:, 0]),
                         **({"batch_checksum": batch_checksum(batch)} if self.cfg.batch_checksums else {}), **out)
-        return starved or saturated
+        return _Look(starved, saturated, sum(queues.values()))
 
 
-STEADY_STEPS = 3  # a member's pipeline is steady if one of its last 3 steps looked steady
+class _Look(NamedTuple):
+    starved: bool     # the consumer's batch was not there yet
+    saturated: bool   # every queue this member fills was full
+    held: int         # batches in this member's queues
+
+
+STEADY_STEPS = 3  # how many steps back the queues' trend is judged
 
 
 def max_warmup(cfg: RunConfig) -> int:
@@ -369,23 +376,36 @@ def max_warmup(cfg: RunConfig) -> int:
 
 def _warm_up(cfg: RunConfig, comm, member: _Member) -> tuple[int, bool | None]:
     """Unmeasured steps before the window: at least ``cfg.warmup``, then until every member's
-    pipeline is steady, i.e. the queues are not filling: the consumer found its batch missing in
-    one of its last :data:`STEADY_STEPS` steps (it waits for the producers) or found every queue
-    full (the producers wait for it). Decided together (an all-reduce per step), so every member
-    opens its window at the same step; after :func:`max_warmup` steps the window opens anyway and
-    ``steady`` is False. ``--warmup 0`` measures from the first step (``steady`` is None)."""
+    pipeline is steady, i.e. its queues are no longer filling: either every queue is full (the
+    producers wait for the consumer), or its queues hold no more than they did
+    :data:`STEADY_STEPS` steps ago (empty when the consumer waits for the producers, level near
+    balance). A wait alone is not enough: a consumer also waits at start-up, while the queues are
+    still filling towards full, and a window opened then counts their filling (preprocessing done
+    for batches delivered after it) as its own work. Decided together (an all-reduce per step), so every member opens its window at
+    the same step; after :func:`max_warmup` steps the window opens anyway and ``steady`` is
+    False. ``--warmup 0`` measures from the first step (``steady`` is None)."""
     if cfg.warmup == 0:
         return 0, None
-    recent: list[bool] = []
+    looks: list[_Look] = []
     step, limit = 0, max_warmup(cfg)
     while True:
-        recent = (recent + [member.step(step, measured=False)])[-STEADY_STEPS:]
+        looks = (looks + [member.step(step, measured=False)])[-(STEADY_STEPS + 1):]
         step += 1
         if step >= cfg.warmup:
-            if _all(comm, any(recent)):
+            if _all(comm, _steady(looks)):
                 return step, True
             if step >= limit:
                 return step, False
+
+
+def _steady(looks: list["_Look"]) -> bool:
+    """Whether a member's pipeline is steady after these looks (oldest first): see :func:`_warm_up`."""
+    last = looks[-1]
+    if last.saturated:
+        return True
+    if len(looks) <= STEADY_STEPS:
+        return False
+    return last.held <= looks[0].held
 
 
 def _all(comm, flag: bool) -> bool:
