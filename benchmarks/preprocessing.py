@@ -16,15 +16,14 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data import load_samples, sample_stream, slice_of_batch
+from enspipe.data import read_slices
 from enspipe.preprocessing import make_preprocess_fn
 from enspipe.synthetic import ensure_dataset
 
 
 def encoded_images(n: int) -> list[bytes]:
     m = ensure_dataset(os.path.join(tempfile.gettempdir(), f"enspipe-bench-{n}"), n)
-    batch = next(iter(slice_of_batch(sample_stream(m, 0, 0), n, 0, n).map(lambda b: load_samples(m.kind, b))))
-    return batch["encoded"]
+    return tf.constant(next(read_slices(m, 0, 0, False, n, 0, n))["encoded"])
 
 
 def measure(encoded, name: str, size: int, threads: int, fast: bool) -> tuple[float, float]:

@@ -1,27 +1,39 @@
-"""Sharing schemes side by side: peak throughput and CPU cost per delivered image.
+"""Sharing schemes side by side: peak throughput, CPU per delivered image, and where the gap to the ideal goes.
 
-    python benchmarks/sharing.py [--ns 1,2,4] [--steps 20] [--warmup 5] [--batch 32] [--size 224]
+    python benchmarks/sharing.py [--ns 1,2,4] [--steps 30] [--warmup 5] [--batch 32] [--size 224] [--repeats 3]
     .venv-horovod/bin/python benchmarks/sharing.py --transport horovod ...   (make horovod first)
 
 Runs every scheme (single/multi-broadcast with P = max(1, N // 2)) under ``mpiexec -n N`` with
-``--consumer peak`` on the embedded dataset and prints, per scheme and N: peak images/s per
-member, CPU-seconds per delivered image per member (process CPU time over the measured window),
-the ratio of baseline's CPU per image to the scheme's (the paper's CPU reduction; ideal: N for
-All-Shared), and communication CPU as a share of preprocessing CPU (CPU time of the exchange
-thread inside collectives, plus Horovod's background thread with ``--transport horovod``, over
-the CPU time of the read and preprocess threads and their TensorFlow pools). Each cell runs
-``--repeats`` times; the table shows medians.
+``--consumer peak`` on the embedded dataset, ``--repeats`` times, interleaved (every cell once per
+repeat), and prints two tables.
+
+The first, per scheme and N: peak images/s per member and the cell's own process CPU per delivered
+image per member, each as ``median (min-max)`` over the repeats; ``spread``, the largest repeat's
+distance from the median (of either); the ideal CPU (the same N's baseline divided by N for
+All-Shared; baseline x P / N for the broadcasts, where P members preprocess for N); ``vs
+baseline``, baseline's CPU over the scheme's (the paper's CPU reduction; All-Shared's ceiling is
+N); and ``exch/prep``, the exchange's CPU (its copies and collectives) over the preprocessing CPU
+(the read and preprocess stages).
+
+The second splits each scheme's gap to its ideal by stage (:mod:`enspipe.stages`): per stage, the
+scheme's median CPU per delivered image minus the ideal share of the baseline's (x 1/N or P/N), in
+microseconds; the stages add up to the gap. ``--transport horovod`` adds Horovod's background
+thread to the exchange.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 
 import numpy as np
 
-from cells import dataset, run_cell
+from cells import dataset, run_cell, spread
 
-PREPROCESSING_THREADS = ("enspipe-read", "enspipe-preproc")  # thread groups named by the pipeline
+from enspipe.stages import STAGES
+
+EXCHANGE = ("copy_in", "collective")
+PREPROCESSING = ("read", "preprocess")
 COMM_THREADS = ("enspipe-horovod",)  # Horovod's background thread does its collectives' work
 
 
@@ -37,10 +49,41 @@ def cell_args(scheme, p, a) -> list:
     return args
 
 
+def cells(ns: list[int], schemes: list[str]) -> list[tuple[str, int, int | None]]:
+    out = []
+    for n in ns:
+        for scheme in schemes:
+            p = max(1, n // 2) if scheme in ("single_broadcast", "multi_broadcast") else None
+            if scheme == "single_broadcast" and p >= n:
+                continue
+            out.append((scheme, n, p))
+    return out
+
+
+def measure(s: dict) -> dict:
+    """One run's numbers: rate, process CPU per image and per-stage CPU per image (members' mean)."""
+    ranks = s["ranks"]
+    stages = {k: v["cpu"] for k, v in s["stages_per_image"].items()}
+    horovod = float(np.mean([sum(r["thread_cpu_seconds"].get(t, 0.0) for t in COMM_THREADS) / r["images"]
+                             for r in ranks]))
+    prep = sum(stages[k] for k in PREPROCESSING)
+    return {"rate": s["images_per_second_per_member"],
+            "cpu": float(np.mean([r["cpu_seconds"] / r["images"] for r in ranks])),
+            "stages": stages,
+            "exch_prep": (sum(stages[k] for k in EXCHANGE) + horovod) / prep if prep else float("nan")}
+
+
+def ideal_share(scheme: str, n: int, p: int | None) -> float:
+    """The fraction of the baseline's CPU per delivered image a scheme needs at best."""
+    if scheme == "baseline":
+        return 1.0
+    return (p or n) / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ns", default="1,2,4")
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--size", type=int, default=224)
@@ -48,38 +91,62 @@ def main() -> None:
     ap.add_argument("--transport", default="mpi4py", choices=("mpi4py", "horovod"),
                     help="horovod: run this script with .venv-horovod/bin/python (make horovod)")
     ap.add_argument("--images", type=int, default=1000)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--exchange", choices=("shm", "mpi"), default="shm",
                     help="node-shared-memory batches (default) or MPI collectives only (--no-node-shm)")
     ap.add_argument("--cores", type=int, default=None, help="--cores per member (default: all)")
     ap.add_argument("--schemes", default="baseline,all_shared,single_broadcast,multi_broadcast")
     a = ap.parse_args()
     data = dataset(a.images)
-    print(f"{a.network}, batch {a.batch}, {a.size} px, {a.warmup}+{a.steps} steps, transport {a.transport}, exchange {a.exchange}, cores {a.cores or 'all'}, "
-          f"{os.cpu_count()} CPUs")
-    print(f"{'scheme':<18}{'N':>3}{'P':>3}{'img/s/member':>14}{'CPU ms/img/member':>19}{'vs baseline':>13}"
-          f"{'comm/preproc CPU':>18}")
-    base: dict[int, float] = {}
-    for n in map(int, a.ns.split(",")):
-        for scheme in a.schemes.split(","):
-            p = max(1, n // 2) if scheme in ("single_broadcast", "multi_broadcast") else None
-            if scheme == "single_broadcast" and (p is None or p >= n):
-                continue
-            rates, cpus, comms = [], [], []
-            for _ in range(a.repeats):
-                s = run_cell(data, n, cell_args(scheme, p, a))
-                ranks = s["ranks"]
-                rates.append(s["images_per_second_per_member"])
-                cpus.append(float(np.mean([r["cpu_seconds"] / r["images"] for r in ranks])))
-                prep = sum(r["thread_cpu_seconds"].get(t, 0.0) for r in ranks for t in PREPROCESSING_THREADS)
-                comm = sum(r["collective_cpu_seconds"] + sum(r["thread_cpu_seconds"].get(t, 0.0) for t in COMM_THREADS)
-                           for r in ranks)
-                comms.append(comm / prep if prep else float("nan"))
-            cpu_per_img = float(np.median(cpus))
-            if scheme == "baseline":
-                base[n] = cpu_per_img
-            print(f"{scheme:<18}{n:>3}{s['p']:>3}{np.median(rates):>14.1f}"
-                  f"{1000 * cpu_per_img:>19.2f}{base[n] / cpu_per_img:>12.2f}x{np.median(comms):>17.1%}", flush=True)
+    ns = [int(n) for n in a.ns.split(",")]
+    schemes = a.schemes.split(",")
+    if "baseline" not in schemes:
+        schemes = ["baseline", *schemes]  # the ideal and the reduction are against it
+    todo = cells(ns, schemes)
+    print(f"{a.network}, batch {a.batch}, {a.size} px, {a.warmup}+{a.steps} steps, transport {a.transport}, "
+          f"exchange {a.exchange}, cores {a.cores or 'all'}, {os.cpu_count()} CPUs, {a.repeats} repeats interleaved",
+          flush=True)
+    runs: dict = {c: [] for c in todo}
+    failed: list[str] = []
+    for rep, cell in itertools.product(range(a.repeats), todo):
+        scheme, n, p = cell
+        try:
+            runs[cell].append(measure(run_cell(data, n, cell_args(scheme, p, a))))
+        except RuntimeError as e:
+            failed.append(f"{scheme} N={n} repeat {rep}: {str(e).splitlines()[-1]}")
+
+    print(f"\n{'scheme':<18}{'N':>3}{'P':>3}{'img/s/member':>22}{'CPU ms/img/member':>22}{'spread':>8}"
+          f"{'ideal ms':>10}{'vs baseline':>13}{'exch/prep':>11}")
+    med = {c: {"cpu": float(np.median([r["cpu"] for r in rs])),
+               "stages": {k: float(np.median([r["stages"][k] for r in rs])) for k in STAGES}}
+           for c, rs in runs.items() if rs}
+    for cell in todo:
+        scheme, n, p = cell
+        rs = runs[cell]
+        if not rs:
+            print(f"{scheme:<18}{n:>3}{p or n:>3}  (every repeat failed)")
+            continue
+        rates, cpus = [r["rate"] for r in rs], [r["cpu"] for r in rs]
+        worst = max(max(abs(v / np.median(vs) - 1) for v in vs) for vs in (rates, cpus))
+        base = med.get(("baseline", n, None))
+        ideal = base["cpu"] * ideal_share(scheme, n, p) if base else float("nan")
+        vs = base["cpu"] / med[cell]["cpu"] if base else float("nan")
+        print(f"{scheme:<18}{n:>3}{p or n:>3}{spread(rates, digits=0):>22}{spread(cpus, 1000):>22}{worst:>8.0%}"
+              f"{1000 * ideal:>10.2f}{vs:>12.2f}x{np.median([r['exch_prep'] for r in rs]):>11.1%}")
+
+    print(f"\nGap to the ideal by stage, us of CPU per delivered image per member (scheme's median minus the "
+          f"ideal share of the baseline's):")
+    print(f"{'scheme':<18}{'N':>3}{'P':>3}" + "".join(f"{s:>12}" for s in STAGES) + f"{'gap':>10}")
+    for cell in todo:
+        scheme, n, p = cell
+        base = med.get(("baseline", n, None))
+        if scheme == "baseline" or cell not in med or not base:
+            continue
+        share = ideal_share(scheme, n, p)
+        gaps = [med[cell]["stages"][s] - share * base["stages"][s] for s in STAGES]
+        print(f"{scheme:<18}{n:>3}{p or n:>3}" + "".join(f"{1e6 * g:>12.0f}" for g in gaps) + f"{1e6 * sum(gaps):>10.0f}")
+    for f in failed:
+        print(f"failed: {f}")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,40 @@
+import dataclasses
+import itertools
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from enspipe.data import (DataError, digest_of, load_manifest, load_samples, sample_ids, sample_stream, scan,
-                          slice_of_batch, write_jpeg_folders_as_shards)
+from enspipe.data import (DataError, digest_of, indexed, load_manifest, load_samples, read_slices, sample_ids,
+                          sample_stream, scan, slice_of_batch, write_jpeg_folders_as_shards)
 from enspipe.synthetic import make_dataset, synthetic_image
 
 
 def _take(m, seed, batch, lo, hi, steps, shuffle=64):
+    return list(itertools.islice(read_slices(m, seed, shuffle, False, batch, lo, hi), steps))
+
+
+def _take_every_record(m, seed, batch, lo, hi, steps, shuffle=64):
+    """The same share, every record read and parsed before slicing (the unindexed path)."""
     ds = slice_of_batch(sample_stream(m, seed, shuffle), batch, lo, hi).take(steps)
     return [{k: v.numpy() for k, v in load_samples(m.kind, b).items()} for b in ds]
+
+
+@pytest.mark.parametrize("shuffle", [0, 64])
+def test_a_member_reads_only_its_share_and_gets_what_reading_everything_gives(dataset, shuffle):
+    """The indexed stream (order drawn over record numbers, only the share's records read) is the
+    same samples in the same order, with the same bytes, as reading every record and slicing."""
+    m = load_manifest(dataset)
+    assert indexed(m)
+    with_payloads = dataclasses.replace(m, counts=())  # no counts: the unindexed path
+    for lo, hi in ((0, 8), (3, 5)):
+        a = _take(m, 3, 8, lo, hi, 8, shuffle)  # 64 > 50: crosses an epoch
+        b = _take_every_record(with_payloads, 3, 8, lo, hi, 8, shuffle)
+        for x, y in zip(a, b, strict=True):
+            assert set(x) == set(y)
+            for k in x:
+                assert (x[k] == y[k]).all(), k
 
 
 def test_manifest_matches_a_scan(dataset):

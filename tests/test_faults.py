@@ -110,10 +110,9 @@ def test_a_manifest_with_a_wrong_digest_is_refused_before_reading(dataset, tmp_p
     assert not (tmp_path / "o" / "summary.json").exists()
 
 
-def test_an_epoch_short_of_the_manifest_fails_naming_the_shard(dataset, tmp_path):
+def test_a_shard_that_lost_records_fails_naming_the_first_one(dataset, tmp_path):
     """A shard that lost records behind the manifest's back (its size not recorded, as in an older
-    manifest): the run finishes, but its epoch is short and nothing was skipped, so the cell fails
-    and its numbers go to summary.failed.json."""
+    manifest): a member reads records by number, so the first one missing fails the run, naming it."""
     data = _copy(dataset, tmp_path)
     shard = _shard(data, 1)
     offsets = _offsets(shard)
@@ -124,11 +123,24 @@ def test_an_epoch_short_of_the_manifest_fails_naming_the_shard(dataset, tmp_path
         s.pop("bytes")
     _write_manifest(data, m)
     r = enspipe("run", "--data", data, "--out", tmp_path / "o", *BASE)
-    assert r.returncode != 0 and "15 of the manifest's 50 samples never arrived" in r.stderr
-    assert f"{os.path.basename(shard)} (15)" in r.stderr
-    assert not (tmp_path / "o" / "summary.json").exists()
-    failed = json.loads((tmp_path / "o" / "summary.failed.json").read_text())
-    assert "never arrived" in failed["failure"] and failed["ranks"][0]["epochs"][0]["count"] == 35
+    assert r.returncode != 0 and f"{os.path.basename(shard)}: corrupt TFRecord at record 5" in r.stderr
+    assert "holds 5 of the manifest's 20 records" in r.stderr and not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_an_epoch_short_of_the_manifest_fails_naming_the_shard():
+    """The last line of defence (data that vanished without a read error): a completed epoch that
+    lacks samples no member skipped fails the cell, naming the shards they came from."""
+    from enspipe.runner import _short_epochs
+
+    lacking = [f"b.tfrecord:{i}" for i in range(5, 20)]
+    reports = [{"rank": 0, "epochs": [{"epoch": 0, "count": 35}], "short_epochs": {0: lacking},
+                "skipped_by_epoch": {}}]
+    why = _short_epochs(reports, 50)
+    assert "15 of the manifest's 50 samples never arrived" in why and "b.tfrecord (15)" in why
+    reports[0]["skipped_by_epoch"] = {0: lacking}  # skipped and counted: no failure
+    assert _short_epochs(reports, 50) is None
+    reports[0] |= {"short_epochs": {0: None}, "skipped_by_epoch": {}}  # a manifest without record counts
+    assert "35 of the manifest's 50 samples delivered and 15 not skipped" in _short_epochs(reports, 50)
 
 
 # -- options refused before any work ---------------------------------------------------------------

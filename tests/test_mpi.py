@@ -9,6 +9,8 @@ import pytest
 
 from conftest import enspipe, manifest, step_values, summary, with_option
 
+from enspipe.stages import STAGES
+
 pytestmark = pytest.mark.mpi
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
           "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16"]
@@ -112,6 +114,12 @@ def test_measurement_outputs_of_a_shared_cell(dataset, tmp_path):
     assert s["energy_joules"] > s["energy_above_idle_joules"] >= 0 and s["mean_watts"] > 0
     with open(tmp_path / "power.csv") as f:
         assert {r["source"] for r in csv.DictReader(f)} >= {"modelled"}
+    for rank in s["ranks"]:  # where the time goes: the stages add up to the process's CPU
+        st = rank["stages"]
+        assert set(st) == set(STAGES) and st["preprocess"]["cpu_seconds"] > 0 and st["read"]["cpu_seconds"] > 0
+        assert st["copy_in"]["cpu_seconds"] > 0 and st["collective"]["wall_seconds"] > 0
+        assert sum(v["cpu_seconds"] for v in st.values()) == pytest.approx(rank["cpu_seconds"], rel=0.02)
+    assert set(s["stages_per_image"]) == set(STAGES) and s["stages_per_image"]["preprocess"]["cpu"] > 0
 
 
 def test_psutil_monitor_and_a_power_source_that_is_not_here(dataset, tmp_path):

@@ -3,6 +3,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from conftest import enspipe, manifest, summary, with_option
 
@@ -106,3 +107,27 @@ def test_a_start_up_wait_is_not_a_steady_state():
     assert _steady(_looks(("-", 2), ("w", 1), ("-", 2), ("-", 2)))       # near balance: level
     assert _steady(_looks(("-", 2), ("-", 3), ("-", 2), ("-", 2)))       # never waits, never full: level
     assert not _steady(_looks(("-", 2), ("-", 3), ("w", 2), ("-", 3)))   # growing despite a wait
+
+
+def test_stage_breakdown_adds_up_to_the_process_cpu():
+    from enspipe.stages import STAGES, StageClock, breakdown, mean_per_image
+
+    clock = StageClock()
+    before = clock.snapshot()
+    with clock.timed("consume"):
+        sum(range(200_000))
+    clock.add("hand_off", 0.5, 0.01)
+    clock.add("read", 0.3)
+    exchange = {"copy_seconds": 0.02, "copy_cpu_seconds": 0.02, "collective_seconds": 0.25,
+                "collective_cpu_seconds": 0.05}
+    st = breakdown(before, clock.snapshot(), {"enspipe-read": 0.1, "enspipe-preproc": 0.6}, exchange, 1.0)
+    assert list(st) == list(STAGES)
+    assert st["read"] == {"cpu_seconds": 0.1, "wall_seconds": 0.3}
+    assert st["copy_in"] == {"cpu_seconds": 0.02, "wall_seconds": 0.02}
+    assert st["collective"]["cpu_seconds"] == pytest.approx(0.03) and st["collective"]["wall_seconds"] == pytest.approx(0.23)
+    assert st["hand_off"]["wall_seconds"] == 0.5 and st["consume"]["cpu_seconds"] > 0
+    assert sum(v["cpu_seconds"] for v in st.values()) == pytest.approx(1.0)
+    per = mean_per_image([{"images": 10, "stages": st}, {"images": 20, "stages": st}])
+    assert per["preprocess"]["cpu"] == pytest.approx((0.06 + 0.03) / 2)
+    with pytest.raises(KeyError, match="unknown stage"):
+        clock.add("decode", 1.0)

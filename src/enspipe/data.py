@@ -7,9 +7,13 @@ order-independent digest, the sum of its ids modulo 2**64, so exactly-once deliv
 against ``manifest.json`` from outside.
 
 The stream is infinite: epoch ``e`` is the dataset in an order drawn from ``(order_seed, e)``;
-its elements are ``position`` (index in the whole stream), ``epoch``, ``id``, ``key`` and the
-serialized record. Global batch ``k`` is positions ``[k*B, (k+1)*B)``; a preprocessor keeps only
-its share of each batch before anything is parsed or decoded.
+its elements are ``position`` (index in the whole stream), ``epoch``, ``id``, ``key`` and where
+the sample is. Global batch ``k`` is positions ``[k*B, (k+1)*B)``; a preprocessor keeps only its
+share of each batch before anything is read, parsed or decoded (:func:`read_slices`): where the
+manifest counts every shard's records, the order is drawn over ``(shard, record)`` numbers and a
+member reads only its own records, by their offsets (:class:`RecordReader`), so sharing the
+preprocessing shares the reading too; otherwise every member reads every record and keeps its
+share.
 """
 from __future__ import annotations
 
@@ -209,11 +213,89 @@ def resilient_records(path, count):
         yield placeholder
 
 
+def indexed(m: Manifest) -> bool:
+    """Whether the stream draws its order over ``(shard, record)`` numbers and members read only
+    their own records (TFRecords whose manifest counts every shard's records)."""
+    return m.kind == "tfrecord" and bool(m.counts) and all(c is not None for c in m.counts)
+
+
+class RecordReader:
+    """Random access to a manifest's TFRecord records by ``(shard, record number)``.
+
+    A shard's record offsets are found on first use by following its records' length fields (12
+    bytes each, their CRC checked; no payload is read); a record is read at its offset with its
+    payload's CRC checked. A record that cannot be read (a damaged payload, a damaged length field
+    before it, a shard that ends before it) fails the run naming it, or with ``skip_corrupt``
+    reads as a placeholder (:func:`_placeholder`) that the preprocess stage skips and counts.
+    """
+
+    def __init__(self, m: Manifest, skip_corrupt: bool):
+        self.paths, self.counts, self.skip_corrupt = m.paths(), list(m.counts), skip_corrupt
+        self._offsets: dict[int, np.ndarray] = {}
+        self._readers: dict[int, object] = {}
+
+    def _index(self, shard: int) -> np.ndarray:
+        import struct
+
+        from enspipe.manifest import masked_crc32c
+
+        path, count = self.paths[shard], self.counts[shard]
+        offsets = np.full(count, -1, np.int64)
+        size, offset = os.path.getsize(path), 0
+        with open(path, "rb") as f:
+            for i in range(count):
+                f.seek(offset)
+                head = f.read(12)
+                if len(head) < 12 or struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
+                    break  # the shard ends, or a length field is damaged: the rest cannot be found
+                offsets[i] = offset
+                offset += 16 + struct.unpack("<Q", head[:8])[0]
+                if offset > size:
+                    offsets[i] = -1
+                    break
+        return offsets
+
+    def read(self, shard: int, record: int) -> bytes:
+        from tensorflow.python.lib.io import _pywrap_record_io
+
+        if shard not in self._offsets:
+            self._offsets[shard] = self._index(shard)
+            self._readers[shard] = _pywrap_record_io.RandomRecordReader(self.paths[shard])
+        offsets = self._offsets[shard]
+        if offsets[record] < 0:  # named by the first record the shard lacks, whichever was asked for
+            first = int(np.argmax(offsets < 0))
+            return self._unreadable(shard, first, f"the shard ends, or its length field is damaged, there: it "
+                                                  f"holds {first} of the manifest's {self.counts[shard]} records")
+        offset = int(offsets[record])
+        try:
+            return self._readers[shard].read(offset)[0]
+        except tf.errors.OpError as e:
+            return self._unreadable(shard, record, e.message.splitlines()[0])
+
+    def _unreadable(self, shard: int, record: int, why: str) -> bytes:
+        if self.skip_corrupt:
+            return _placeholder()
+        raise DataError(f"{self.paths[shard]}: corrupt TFRecord at record {record} ({why}); "
+                        "pass --on-corrupt skip to skip and count it")
+
+
 def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool) -> tf.data.Dataset:
-    """One epoch of ``(key, serialized_or_path, label)`` in the order drawn from ``epoch_seed``."""
+    """One epoch of ``(key, payload, label, shard, record)`` in the order drawn from
+    ``epoch_seed``: ``payload`` is the serialized record (``shard``/``record`` -1), the file's path
+    (JPEG folders), or empty where the manifest counts every shard's records (:func:`indexed`):
+    the record is then read after the stream is sliced. Either way the order is the same: the
+    draw depends only on how many records each shard holds."""
     if m.kind == "jpeg_folders":
-        ds = tf.data.Dataset.from_tensor_slices((list(m.files), m.paths(), np.asarray(m.labels, np.int64)))
+        n = len(m.files)
+        ds = tf.data.Dataset.from_tensor_slices((list(m.files), m.paths(), np.asarray(m.labels, np.int64),
+                                                 np.full(n, -1, np.int64), np.full(n, -1, np.int64)))
         return ds.shuffle(m.num_images, seed=epoch_seed) if shuffle_buffer else ds
+
+    def shard_numbers(path, count, shard):  # the shard's records by number: nothing is read here
+        prefix = tf.strings.split(path, "/")[-1]
+        return tf.data.Dataset.range(count).map(
+            lambda i: (tf.strings.join([prefix, ":", tf.strings.as_string(i)]), tf.constant(b""),
+                       tf.constant(-1, tf.int64), shard, i))
 
     def shard_records(path, count):
         if skip_corrupt:
@@ -223,13 +305,16 @@ def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip
             records = tf.data.TFRecordDataset(path)
         prefix = tf.strings.split(path, "/")[-1]
         return records.enumerate().map(
-            lambda i, rec: (tf.strings.join([prefix, ":", tf.strings.as_string(i)]), rec, tf.constant(-1, tf.int64)))
+            lambda i, rec: (tf.strings.join([prefix, ":", tf.strings.as_string(i)]), rec, tf.constant(-1, tf.int64),
+                            tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)))
 
     counts = [-1 if c is None else c for c in (m.counts or (None,) * len(m.files))]
-    files = tf.data.Dataset.from_tensor_slices((m.paths(), np.asarray(counts, np.int64)))
+    files = tf.data.Dataset.from_tensor_slices((m.paths(), np.asarray(counts, np.int64),
+                                                np.arange(len(m.files), dtype=np.int64)))
     if shuffle_buffer:
         files = files.shuffle(len(m.files), seed=epoch_seed)
-    ds = files.interleave(shard_records, cycle_length=min(4, len(m.files)), block_length=1)
+    per_shard = shard_numbers if indexed(m) else (lambda path, count, shard: shard_records(path, count))
+    ds = files.interleave(per_shard, cycle_length=min(4, len(m.files)), block_length=1)
     return ds.shuffle(effective_shuffle_buffer(m, shuffle_buffer), seed=epoch_seed + 1) if shuffle_buffer else ds
 
 
@@ -243,7 +328,8 @@ def sample_stream(m: Manifest, order_seed: int, shuffle_buffer: int = 1024,
     def epoch(e):
         seed = tf.cast(order_seed, tf.int64) * 1_000_003 + e * 7_919
         return _epoch_records(m, seed, shuffle_buffer, skip_corrupt).map(
-            lambda key, payload, label: {"epoch": e, "key": key, "payload": payload, "label": label})
+            lambda key, payload, label, shard, record: {"epoch": e, "key": key, "payload": payload, "label": label,
+                                                        "shard": shard, "record": record})
 
     ds = tf.data.Dataset.range(2**62).flat_map(epoch).enumerate()
     return ds.map(lambda pos, el: dict(el, position=pos))
@@ -257,6 +343,30 @@ def slice_of_batch(stream: tf.data.Dataset, batch: int, lo: int, hi: int) -> tf.
     return stream.batch(hi - lo)
 
 
+def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt: bool, batch: int,
+                lo: int, hi: int, options: tf.data.Options | None = None):
+    """This member's share ``[lo, hi)`` of every global batch of the stream, read and parsed: an
+    iterator of numpy dicts (``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``), one
+    per global batch. Only the share's records are read where the stream is :func:`indexed`."""
+    ds = slice_of_batch(sample_stream(m, order_seed, shuffle_buffer, skip_corrupt), batch, lo, hi)
+    if not indexed(m):
+        ds = ds.map(lambda b: load_samples(m.kind, b))
+        if options is not None:
+            ds = ds.with_options(options)
+        for b in ds:
+            yield {k: v.numpy() for k, v in b.items() if k not in ("shard", "record")}
+        return
+    reader = RecordReader(m, skip_corrupt)
+    parse = tf.function(lambda b: load_samples(m.kind, b))
+    if options is not None:
+        ds = ds.with_options(options)
+    for b in ds:
+        b = {k: v.numpy() for k, v in b.items()}
+        b["payload"] = np.array([reader.read(int(s), int(r)) for s, r in zip(b.pop("shard"), b.pop("record"))],
+                                dtype=object)
+        yield {k: v.numpy() for k, v in parse(b).items()}
+
+
 def load_samples(kind: str, batch: dict) -> dict:
     """Turn a batch of stream elements into ``encoded`` JPEG bytes and labels (parse or read files)."""
     if kind == "jpeg_folders":
@@ -265,7 +375,7 @@ def load_samples(kind: str, batch: dict) -> dict:
     else:
         ex = tf.io.parse_example(batch["payload"], SLIM_FEATURES)
         encoded, label = ex["image/encoded"], ex["image/class/label"]
-    out = {k: v for k, v in batch.items() if k != "payload"}
+    out = {k: v for k, v in batch.items() if k not in ("payload", "shard", "record")}
     out.update(encoded=encoded, label=label, id=tf.strings.to_hash_bucket_fast(batch["key"], _ID_BUCKETS))
     return out
 

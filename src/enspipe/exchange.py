@@ -53,6 +53,15 @@ class TransportStats:
     collective_seconds: float = 0.0      # wall time in collectives, waiting for peers included
     collective_cpu_seconds: float = 0.0  # CPU time of the exchange thread in collectives
     collectives: int = 0
+    copy_seconds: float = 0.0            # of which copying this rank's own block in (wall)
+    copy_cpu_seconds: float = 0.0        # and its CPU time
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """``dst[...] = src``, timed as this rank's copy into the exchange."""
+        t, c = time.perf_counter(), time.thread_time()
+        dst[...] = src
+        self.copy_seconds += time.perf_counter() - t
+        self.copy_cpu_seconds += time.thread_time() - c
 
     def add(self, own: "Batch | None", out: "Batch") -> None:
         """Count a collective's payload: what this rank contributed (``own``) and what it obtained
@@ -64,7 +73,8 @@ class TransportStats:
     def as_dict(self) -> dict:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "collective_seconds": self.collective_seconds,
-                "collective_cpu_seconds": self.collective_cpu_seconds, "collectives": self.collectives}
+                "collective_cpu_seconds": self.collective_cpu_seconds, "collectives": self.collectives,
+                "copy_seconds": self.copy_seconds, "copy_cpu_seconds": self.copy_cpu_seconds}
 
 
 class BufferRing:
@@ -133,7 +143,7 @@ class Mpi4pyTransport:
                 ok = c.allreduce(bool(layout.contiguous and fits), op=MPI.LAND)
                 if ok:
                     self.windows[g] = shm.NodeBatchWindow(MPI, c, layout, shm.slots_for(queue_depth), max_batch,
-                                                          self.image_shape, self.dtype, self._wait)
+                                                          self.image_shape, self.dtype, self._wait, self.stats)
                     path = "node-shm" if len(set(layout.node_of)) == 1 else "node-shm+mpi"
                 else:
                     layout.free()
@@ -201,7 +211,8 @@ class Mpi4pyTransport:
         for r, lr in zip(roots, local_roots):
             block = Batch(out.images[offset:offset + counts[lr]], out.meta[offset:offset + counts[lr]])
             if r == self.rank:
-                block.images[...], block.meta[...] = mine.images, mine.meta
+                self.stats.copy(block.images, mine.images)
+                self.stats.copy(block.meta, mine.meta)
             requests += [c.Ibcast(block.meta, root=lr), c.Ibcast(block.images, root=lr)]
             offset += int(counts[lr])
         self._wait(requests)

@@ -2,8 +2,9 @@
 
     read ──▶ [preprocessing queue] ──▶ preprocess ──▶ [exchange queue] ──▶ exchange ──▶ [compute queue] ──▶ consumer
 
-``read`` takes this member's share of each global batch from the sample stream (records are
-parsed, not decoded); ``preprocess`` decodes and augments them on a tf.data pool of K threads;
+``read`` takes this member's share of each global batch from the sample stream and reads and
+parses only those records (:func:`enspipe.data.read_slices`; nothing is decoded); ``preprocess``
+decodes and augments them on a tf.data pool of K threads;
 ``exchange`` runs the scheme's collectives (nothing for the baseline); the consumer runs in the
 caller's thread. Compute-only members run the exchange stage alone. Queue occupancy is sampled
 every ``sample_interval`` seconds (the paper's Fig. 3). Any stage's exception stops the pipeline
@@ -28,10 +29,10 @@ import traceback
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data import (CORRUPT_LABEL, DataError, Manifest, load_samples, locate_corrupt_record, sample_stream,
-                          slice_of_batch)
+from enspipe.data import CORRUPT_LABEL, DataError, Manifest, locate_corrupt_record, read_slices
 from enspipe.exchange import Batch, ExchangeEngine
 from enspipe.preprocessing import OUTPUT_RANGE, decode, make_preprocess_fn
+from enspipe.stages import StageClock
 from enspipe.threadcpu import set_thread_name
 
 QUEUES = ("preprocessing", "exchange", "compute")
@@ -78,6 +79,7 @@ class Pipeline:
         self.samples: list[tuple[float, int, int, int]] = []
         self._threads: list[threading.Thread] = []
         self.preprocessed = 0  # images this member's preprocess stage has produced
+        self.clock = StageClock()  # the stages' working (not waiting) wall time; see enspipe.stages
         # the exchange stage's steps: begun, completed, and the limit it may not pass (None: none)
         self._cond = threading.Condition()
         self._begun = self._done = 0
@@ -136,24 +138,31 @@ class Pipeline:
     # -- stages -------------------------------------------------------------------------------
     def _read(self) -> None:
         lo, hi = self.share
-        stream = sample_stream(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt)
-        ds = slice_of_batch(stream, self.batch, lo, hi)
-        ds = ds.map(lambda b: load_samples(self.m.kind, b)).with_options(self._options())
-        try:
-            for b in ds:
-                self._put("preprocessing", {k: v.numpy() for k, v in b.items()})
-        except tf.errors.DataLossError:
-            raise DataError(locate_corrupt_record(self.m)) from None
+        it = read_slices(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt, self.batch, lo, hi,
+                         self._options())
+        while True:
+            t = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            except tf.errors.DataLossError:
+                raise DataError(locate_corrupt_record(self.m)) from None
+            self.clock.add("read", time.perf_counter() - t)
+            self._put("preprocessing", item)
 
     def _preprocess(self) -> None:
         prep = make_preprocess_fn(self.preprocessing, self.size, self.fast_mode)
         quantize = quantizer(self.preprocessing)[0] if self.wire_dtype == "uint8" else (lambda x: x)
         pending: collections.deque = collections.deque()
         prep_seed = np.int64(self.prep_seed)
+        waited = [0.0]  # seconds the stage's input generator waited for the read stage
 
         def gen():
             while not self.stop.is_set():
+                t = time.perf_counter()
                 item = self._get("preprocessing")
+                waited[0] += time.perf_counter() - t
                 pending.append(item)
                 yield {k: item[k] for k in ("encoded", "id", "epoch", "position", "label")}
 
@@ -182,6 +191,7 @@ class Pipeline:
         ds = ds.with_options(self._options())
         it = self._prep_iterator = iter(ds)  # kept until close(): its pool threads' CPU stays visible
         while True:
+            t, w = time.perf_counter(), waited[0]
             try:
                 images, meta = next(it)
             except (StopIteration, tf.errors.OpError) as e:
@@ -204,6 +214,8 @@ class Pipeline:
                             self.events.log("skipped", key=key.decode(), batch=batch, epoch=int(epoch),
                                             reason="corrupt record" if label == CORRUPT_LABEL else "undecodable image")
             self.preprocessed += len(meta)
+            took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
+            self.clock.add("preprocess", took - min(took, waited[0] - w))
             self._put("exchange", Batch(np.ascontiguousarray(images), np.ascontiguousarray(meta)))
 
     @staticmethod

@@ -110,7 +110,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     from enspipe.exchange import ExchangeEngine, Mpi4pyTransport
     from enspipe.networks import NETWORKS
     from enspipe.pipeline import Pipeline, quantizer
-    from enspipe import cpumon, threadcpu
+    from enspipe import cpumon, stages, threadcpu
     from enspipe.measure import job_fields, write_power_table
 
     summary_path = os.path.join(cfg.out, SUMMARY)
@@ -171,7 +171,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     # -- the measured window: cfg.steps steps, the producers running throughout -----------------
     slurm_j0 = _read_slurm(slurm)  # an sstat subprocess: before the window opens
     t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
-    comm0, prep0 = transport.stats.as_dict(), pipeline.preprocessed
+    comm0, prep0, clock0 = transport.stats.as_dict(), pipeline.preprocessed, pipeline.clock.snapshot()
     if monitor:
         monitor.mark("measure_start", wall0)
     events.log("measure_start", step=warmup_steps, steady=steady)
@@ -180,8 +180,9 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
         member.step(step, measured=True)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
-    preprocessed = pipeline.preprocessed - prep0
+    preprocessed, clock1 = pipeline.preprocessed - prep0, pipeline.clock.snapshot()
     comm1 = transport.stats.as_dict()
+    exchange = {k: v - comm0[k] for k, v in comm1.items()}  # collectives in the measured window
     slurm_j1 = _read_slurm(slurm)
     events.log("measure_end", step=warmup_steps + cfg.steps)
     if monitor:
@@ -215,6 +216,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
         "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
         "thread_cpu_seconds": thread_cpu,
+        "stages": stages.breakdown(clock0, clock1, thread_cpu, exchange, cpu_seconds),
         "step_time_p50": _percentile(member.step_times, 50), "step_time_p95": _percentile(member.step_times, 95),
         "wait_time_mean": float(np.mean(member.waits)) if member.waits else None,
         "starved_fraction": member.starved / cfg.steps,
@@ -229,7 +231,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
         "warmup_steps": warmup_steps, "discarded_batches": discarded,
         "exchange_paths": {",".join(map(str, g)): p for g, p in transport.paths.items()},
         # collectives in the measured window (the exchange stage runs up to a queue ahead of it)
-        **{k: v - comm0[k] for k, v in comm1.items()},
+        **exchange,
     }
     # the job's window: from the first member's measurement start to the last one's end
     job_t0, job_t1 = comm.allreduce(wall0, op=MPI.MIN), comm.allreduce(wall1, op=MPI.MAX)
@@ -256,6 +258,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
                         "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.shuffle_buffer)},
             "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
             "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
+            "stages_per_image": stages.mean_per_image(reports),
             "window": _window_summary(scheme, reports, warmup_steps, steady),
             "placement": where.as_dict(),
             **measured,
@@ -334,13 +337,14 @@ class _Member:
         self.progress["step"] = step
         if self.fault and self.fault[0] == step:
             _inject(self.fault[1], step)
+        cpu_req = time.thread_time()
         queues = self.pipeline.occupancy()
         starved, saturated = queues["compute"] == 0, self.pipeline.saturated()
         t_req = time.perf_counter()
         batch = self.pipeline.next_batch()
-        t_got = time.perf_counter()
+        t_got, cpu_got = time.perf_counter(), time.thread_time()
         out = self.consumer.step(batch.images, batch.meta[:, 3])
-        t_done = time.perf_counter()
+        t_done, cpu_done = time.perf_counter(), time.thread_time()
         self.ledger.add(batch.meta[:, 0], batch.meta[:, 1])
         if measured:
             self.images += len(batch)
@@ -354,6 +358,9 @@ class _Member:
                         measured=measured, queues=queues, starved=starved, saturated=saturated,
                         batch_digest=digest_of(batch.meta[:, 0]),
                         **({"batch_checksum": batch_checksum(batch)} if self.cfg.batch_checksums else {}), **out)
+        clock = self.pipeline.clock
+        clock.add("consume", t_done - t_got, cpu_done - cpu_got)
+        clock.add("hand_off", t_got - t_req, time.thread_time() - cpu_done + cpu_got - cpu_req)
         return _Look(starved, saturated, sum(queues.values()))
 
 

@@ -43,10 +43,10 @@ class NodeBatchWindow:
     """The shared ring of batch slots of one group on this node, and the step that fills one."""
 
     def __init__(self, MPI, group_comm, layout: "NodeLayout", slots: int, max_batch: int,
-                 image_shape: tuple[int, ...], dtype, wait):
+                 image_shape: tuple[int, ...], dtype, wait, stats):
         from mpi4py.util.dtlib import from_numpy_dtype
 
-        self.MPI, self.wait = MPI, wait
+        self.MPI, self.wait, self.stats = MPI, wait, stats  # stats: a TransportStats (times the copy in)
         self.group, self.node, self.node_of = group_comm, layout.node, layout.node_of
         self.is_leader = self.node.Get_rank() == 0
         self.nodes = list(dict.fromkeys(self.node_of))
@@ -80,8 +80,8 @@ class NodeBatchWindow:
         images, meta = self.images[s], self.meta[s]
         if counts[me]:
             lo = int(offsets[me])
-            images[lo:lo + counts[me]] = mine.images
-            meta[lo:lo + counts[me]] = mine.meta
+            self.stats.copy(images[lo:lo + counts[me]], mine.images)
+            self.stats.copy(meta[lo:lo + counts[me]], mine.meta)
         self.win.Sync()
         self.wait([self.node.Ibarrier()])
         if self.multi_node:
