@@ -63,9 +63,16 @@ def cells(ns: list[int], schemes: list[str]) -> list[tuple[str, int, int | None]
 def measure(s: dict) -> dict:
     """One run's numbers: rate, process CPU per image and per-stage CPU per image (members' mean)."""
     ranks = s["ranks"]
-    stages = {k: v["cpu"] for k, v in s["stages_per_image"].items()}
     horovod = float(np.mean([sum(r["thread_cpu_seconds"].get(t, 0.0) for t in COMM_THREADS) / r["images"]
                              for r in ranks]))
+    if "stages_per_image" in s:
+        stages = {k: v["cpu"] for k, v in s["stages_per_image"].items()}
+    else:  # an enspipe from before the stage breakdown (to compare with): the exchange and the pools only
+        per = [{"read": r["thread_cpu_seconds"].get("enspipe-read", 0.0) / r["images"],
+                "preprocess": r["thread_cpu_seconds"].get("enspipe-preproc", 0.0) / r["images"],
+                "collective": r["collective_cpu_seconds"] / r["images"]} for r in ranks]
+        stages = {k: float(np.mean([p.get(k, float("nan")) for p in per])) for k in STAGES}
+        stages["copy_in"] = 0.0
     prep = sum(stages[k] for k in PREPROCESSING)
     return {"rate": s["images_per_second_per_member"],
             "cpu": float(np.mean([r["cpu_seconds"] / r["images"] for r in ranks])),

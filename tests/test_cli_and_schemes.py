@@ -96,3 +96,17 @@ def test_make_dataset_cli(tmp_path):
     r = enspipe("make-dataset", "--out", tmp_path / "d", "--num-images", "3", "--seed", "1")
     assert r.returncode == 0 and (tmp_path / "d" / "manifest.json").exists()
     assert enspipe("make-dataset", "--out", tmp_path / "e", "--num-images", "0").returncode == 2
+
+
+@pytest.mark.parametrize("cores, members, host_cpus, sharing, threads", [
+    ([0, 1], 1, 2, False, 2),        # one member, every core
+    ([0], 2, 2, False, 1),           # --cores 1 each, room for both
+    ([0, 1], 2, 2, True, 1),         # all cores each, two members: a fair share
+    ([0, 1], 4, 2, True, 1),         # more members than cores: one thread, not two
+    ([0, 1, 2, 3], 2, 8, True, 4),   # a share of 4 of 8 cores
+])
+def test_thread_pools_are_sized_from_the_hosts_cores(cores, members, host_cpus, sharing, threads):
+    from enspipe.placement import Placement
+
+    p = Placement("h", 0, members, host_cpus, 0, cores, sharing, {})
+    assert p.threads == threads

@@ -49,6 +49,15 @@ class Placement:
     hosts: dict               # label -> {"members", "cpus", "mpi_nodes"}, the same on every rank
 
     @property
+    def threads(self) -> int:
+        """Threads for this member's pools: its cores, or, where the host's members share cores, its
+        fair share of them (at least one). Members that each size their pools to every core they
+        may use run n times as many threads as the host has cores, and fight over them."""
+        if not self.sharing_cores:
+            return len(self.cores)
+        return max(1, min(len(self.cores), self.host_cpus // self.host_members))
+
+    @property
     def oversubscribed(self) -> bool:
         return any(h["oversubscribed"] for h in self.hosts.values())
 

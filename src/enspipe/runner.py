@@ -94,7 +94,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     os.makedirs(cfg.out, exist_ok=True)
     monitor = _start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
-    threads = cfg.cores or len(where.cores)
+    threads = where.threads
     configure_tensorflow_threads(threads)
 
     import tensorflow as tf
