@@ -229,6 +229,8 @@ class RecordReader:
     reads as a placeholder (:func:`_placeholder`) that the preprocess stage skips and counts.
     """
 
+    OPEN_SHARDS = 64  # shards kept open at once (the interleave reads 4 at a time)
+
     def __init__(self, m: Manifest, skip_corrupt: bool):
         self.paths, self.counts, self.skip_corrupt = m.paths(), list(m.counts), skip_corrupt
         self._offsets: dict[int, np.ndarray] = {}
@@ -260,6 +262,9 @@ class RecordReader:
 
         if shard not in self._offsets:
             self._offsets[shard] = self._index(shard)
+        if shard not in self._readers:
+            if len(self._readers) >= self.OPEN_SHARDS:  # the oldest goes: ImageNet has 1024 shards
+                del self._readers[next(iter(self._readers))]
             self._readers[shard] = _pywrap_record_io.RandomRecordReader(self.paths[shard])
         offsets = self._offsets[shard]
         if offsets[record] < 0:  # named by the first record the shard lacks, whichever was asked for
