@@ -11,7 +11,8 @@ at the longest, minus 1; target within 10%), the window's accounting error at ea
 (``acct@K``: the largest ``|balance - 1|`` over the repeats, where balance is the images
 preprocessed inside the window over the images it had to preprocess: an exact count, so unlike
 CPU time it is not blurred by the machine's noise; the default grid's step count should keep
-it under 5%: 30 steps gave up to 8.3% here, 100 steps 0.5%) and how many steps the warm-up took:
+it under 5%: 100 steps gave at most 2% here, 50 steps 8%, 20 steps 10%) and how many steps the
+warm-up took:
 
 * ``preprocessing-bound``: alexnet_v2 (inception preprocessing) at the default grid's batch of 64,
   an emulated accelerator far faster than the preprocessing (``--fast-rate``): the queues stay
