@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 
 import numpy as np
 import tensorflow as tf
 
 from enspipe.atomic import write_json_atomic  # noqa: F401 - re-exported: callers import it from here
 from enspipe.manifest import (JPEG_EXTENSIONS, MANIFEST, DataError, Manifest, candidate_shards,  # noqa: F401
-                              manifest_dict, read_manifest)
+                              manifest_dict, masked_crc32c, read_manifest)
 
 _ID_BUCKETS = 2**63 - 1
 _MASK64 = (1 << 64) - 1
@@ -186,11 +187,7 @@ def resilient_records(path, count):
     a corrupt record is stepped over by its header's length (when the header itself checks out),
     and where the shard cannot be followed any further the records the manifest still promises
     (``count``; -1: unknown) are placeholders too. Nothing after a corrupt record is lost."""
-    import struct
-
     from tensorflow.python.lib.io import _pywrap_record_io
-
-    from enspipe.manifest import masked_crc32c
 
     path = path.decode() if isinstance(path, bytes) else path
     size, placeholder = os.path.getsize(path), _placeholder()
@@ -240,10 +237,6 @@ class RecordReader:
 
     def _index(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """Each record's offset and payload length (-1 from the first that cannot be found)."""
-        import struct
-
-        from enspipe.manifest import masked_crc32c
-
         path, count = self.paths[shard], self.counts[shard]
         offsets, lengths = np.full(count, -1, np.int64), np.full(count, -1, np.int64)
         size, offset = os.path.getsize(path), 0
@@ -268,10 +261,6 @@ class RecordReader:
         return self._fds[shard]
 
     def read(self, shard: int, record: int) -> bytes:
-        import struct
-
-        from enspipe.manifest import masked_crc32c
-
         if shard not in self._index_of:
             self._index_of[shard] = self._index(shard)
         offsets, lengths = self._index_of[shard]
@@ -370,17 +359,14 @@ def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt:
     iterator of numpy dicts (``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``), one
     per global batch. Only the share's records are read where the stream is :func:`indexed`."""
     ds = slice_of_batch(sample_stream(m, order_seed, shuffle_buffer, skip_corrupt), batch, lo, hi)
+    if options is not None:
+        ds = ds.with_options(options)
     if not indexed(m):
-        ds = ds.map(lambda b: load_samples(m.kind, b))
-        if options is not None:
-            ds = ds.with_options(options)
-        for b in ds:
-            yield {k: v.numpy() for k, v in b.items() if k not in ("shard", "record")}
+        for b in ds.map(lambda b: load_samples(m.kind, b)):
+            yield {k: v.numpy() for k, v in b.items()}
         return
     reader = RecordReader(m, skip_corrupt)
     parse = tf.function(lambda b: load_samples(m.kind, b))
-    if options is not None:
-        ds = ds.with_options(options)
     try:
         for b in ds:
             b = {k: v.numpy() for k, v in b.items()}
