@@ -147,6 +147,31 @@ def test_reductions_against_the_baseline_and_their_ceiling():
     assert pd.isna(out["cpu_reduction_node"][4]) and pd.isna(out["exceeds_ceiling"][4])  # no baseline at n = 4
 
 
+def test_the_ceilings_tolerance_is_the_tables_own_repeat_noise():
+    import pandas as pd
+
+    from enspipe.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, ceiling_tolerance
+
+    key = {"network": "vgg_a", "consumer": "peak", "cores": "1", "batch_size": 8, "image_size": 64, "n": 1}
+
+    def table(*cpus):
+        return pd.DataFrame([{**key, "scheme": "baseline", "process_cpu_seconds_per_image": c} for c in cpus])
+
+    assert ceiling_tolerance(table(1.0, 1.01, 0.99)) == CEILING_TOLERANCE  # quiet repeats: the floor
+    assert ceiling_tolerance(table(1.0, 1.08, 0.97)) == pytest.approx(0.08)  # 8% from the median
+    assert ceiling_tolerance(table(1.0, 1.5, 1.0)) == MAX_CEILING_TOLERANCE  # never more than the cap
+    assert ceiling_tolerance(table(1.0, 1.5)) == CEILING_TOLERANCE  # two repeats have no median to trust
+    # a single-repeat 2.12x at n = 2 is within the noise of a table whose repeats vary by 8%...
+    shared = [{**key, "n": 2, "consumer": "emulated", "scheme": s, "process_cpu_seconds_per_image": c,
+               "node_cpu_seconds_per_image": c} for s, c in (("baseline", 2.12), ("all_shared", 1.0))]
+    noisy = pd.concat([table(1.0, 1.08, 0.97), pd.DataFrame(shared)], ignore_index=True)
+    assert not add_reductions(noisy)["exceeds_ceiling"].iloc[-1]
+    # ...and a measuring error in a quiet one
+    quiet = pd.concat([table(1.0, 1.01, 0.99), pd.DataFrame(shared)], ignore_index=True)
+    out = add_reductions(quiet)
+    assert out["exceeds_ceiling"].iloc[-1] and out["ceiling_tolerance"].iloc[-1] == CEILING_TOLERANCE
+
+
 def test_invalid_combinations_are_reported_and_an_empty_experiment_is_an_error():
     cfg = {"networks": {"vgg_a": {"batch_size": 2}},
            "experiments": {"mixed": {"consumer": "peak", "networks": ["vgg_a"], "schemes": ["single_broadcast"],

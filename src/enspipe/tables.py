@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from enspipe.collect import CEILING_TOLERANCE
+from enspipe.collect import ceiling_tolerance
 from enspipe.config import SCHEMES
 
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
@@ -226,7 +226,7 @@ def cpu_reduction(df: pd.DataFrame) -> pd.DataFrame:
     if len(out):
         out["reduction"] = out["baseline"] / out["all_shared"]
         out["reduction_process"] = out["baseline_process"] / out["all_shared_process"]
-        limit = out["n"] * (1 + CEILING_TOLERANCE)
+        limit = out["n"] * (1 + ceiling_tolerance(df))
         out["exceeds_ceiling"] = (out["reduction"] > limit) | (out["reduction_process"] > limit)
     else:
         out = out.assign(reduction=[], reduction_process=[], exceeds_ceiling=[])
