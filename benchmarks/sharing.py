@@ -9,14 +9,13 @@ repeat), and prints two tables.
 
 The first, per scheme and N: peak images/s per member and the cell's own process CPU per delivered
 image per member, each as ``median (min-max)`` over the repeats; ``spread``, the largest repeat's
-distance from the median (of either); the ideal CPU (the same N's baseline divided by N for
-All-Shared; baseline x P / N for the broadcasts, where P members preprocess for N); ``vs
-baseline``, baseline's CPU over the scheme's (the paper's CPU reduction; All-Shared's ceiling is
-N); and ``exch/prep``, the exchange's CPU (its copies and collectives) over the preprocessing CPU
+distance from the median (of either); the ideal CPU (the same N's baseline divided by N: every sharing scheme
+preprocesses each image once, split among its P preprocessors, for all N members); ``vs
+baseline``, baseline's CPU over the scheme's (the paper's CPU reduction; its ceiling is N); and ``exch/prep``, the exchange's CPU (its copies and collectives) over the preprocessing CPU
 (the read and preprocess stages).
 
 The second splits each scheme's gap to its ideal by stage (:mod:`enspipe.stages`): per stage, the
-scheme's median CPU per delivered image minus the ideal share of the baseline's (x 1/N or P/N), in
+scheme's median CPU per delivered image minus the ideal share of the baseline's (x 1/N), in
 microseconds; the stages add up to the gap. ``--transport horovod`` adds Horovod's background
 thread to the exchange.
 """
@@ -81,10 +80,9 @@ def measure(s: dict) -> dict:
 
 
 def ideal_share(scheme: str, n: int, p: int | None) -> float:
-    """The fraction of the baseline's CPU per delivered image a scheme needs at best."""
-    if scheme == "baseline":
-        return 1.0
-    return (p or n) / n
+    """The fraction of the baseline's CPU per delivered image a scheme needs at best: every sharing
+    scheme preprocesses each image once for all n members (P preprocessors split it), the baseline n times."""
+    return 1.0 if scheme == "baseline" else 1.0 / n
 
 
 def main() -> None:

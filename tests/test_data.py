@@ -28,9 +28,9 @@ def test_a_member_reads_only_its_share_and_gets_what_reading_everything_gives(da
     m = load_manifest(dataset)
     assert indexed(m)
     with_payloads = dataclasses.replace(m, counts=())  # no counts: the unindexed path
-    for lo, hi in ((0, 8), (3, 5)):
-        a = _take(m, 3, 8, lo, hi, 8, shuffle)  # 64 > 50: crosses an epoch
-        b = _take_every_record(with_payloads, 3, 8, lo, hi, 8, shuffle)
+    for batch, lo, hi, steps in ((8, 0, 8, 8), (8, 3, 5, 8), (24, 5, 24, 9)):  # 64 > 50: crosses an epoch;
+        a = _take(m, 3, batch, lo, hi, steps, shuffle)                     # 216: four epochs, batches across them
+        b = _take_every_record(with_payloads, 3, batch, lo, hi, steps, shuffle)
         for x, y in zip(a, b, strict=True):
             assert set(x) == set(y)
             for k in x:
