@@ -116,3 +116,21 @@ def test_corrupt_shard_is_named(tmp_path):
     os.remove(tmp_path / "d" / "manifest.json")
     with pytest.raises(DataError, match=m.files[1]):
         scan(str(tmp_path / "d"))
+
+
+def test_a_slim_record_parses_as_tensorflow_parses_it():
+    from enspipe.data import SLIM_FEATURES, parse_slim
+
+    def example(**features):
+        return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+    image = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\xff\xd8jpeg"]))
+    label = tf.train.Feature(int64_list=tf.train.Int64List(value=[7]))
+    for payload in (example(**{"image/encoded": image, "image/class/label": label}),
+                    example(**{"image/encoded": image})):  # no label: -1, as the parser's default
+        want = tf.io.parse_single_example(payload, SLIM_FEATURES)
+        assert parse_slim(payload) == (want["image/encoded"].numpy(), int(want["image/class/label"]))
+    with pytest.raises(DataError, match="k:1: the record has 0 image/encoded values"):
+        parse_slim(example(**{"image/class/label": label}), b"k:1")
+    with pytest.raises(DataError, match="k:2: not a tf.train.Example"):
+        parse_slim(b"\x0a\xff\xff\xff", b"k:2")
