@@ -14,7 +14,7 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 def dataset(images: int = 1000) -> str:
     """The embedded dataset of ``images`` images in the temp folder (made once, then reused)."""
-    from enspipe.synthetic import ensure_dataset
+    from enspipe.data.synthetic import ensure_dataset
 
     return ensure_dataset(os.path.join(tempfile.gettempdir(), f"enspipe-bench-{images}"), images).root
 

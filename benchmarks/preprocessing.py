@@ -16,9 +16,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data import read_slices
-from enspipe.preprocessing import make_preprocess_fn
-from enspipe.synthetic import ensure_dataset
+from enspipe.data.shards import read_slices
+from enspipe.data.preprocessing import make_preprocess_fn
+from enspipe.data.synthetic import ensure_dataset
 
 
 def encoded_images(n: int) -> list[bytes]:

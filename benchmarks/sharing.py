@@ -14,7 +14,7 @@ preprocesses each image once, split among its P preprocessors, for all N members
 baseline``, baseline's CPU over the scheme's (the paper's CPU reduction; its ceiling is N); and ``exch/prep``, the exchange's CPU (its copies and collectives) over the preprocessing CPU
 (the read and preprocess stages).
 
-The second splits each scheme's gap to its ideal by stage (:mod:`enspipe.stages`): per stage, the
+The second splits each scheme's gap to its ideal by stage (:mod:`enspipe.measure.stages`): per stage, the
 scheme's median CPU per delivered image minus the ideal share of the baseline's (x 1/N), in
 microseconds; the stages add up to the gap. ``--transport horovod`` adds Horovod's background
 thread to the exchange.
@@ -29,7 +29,7 @@ import numpy as np
 
 from cells import dataset, run_cell, spread
 
-from enspipe.stages import STAGES
+from enspipe.measure.stages import STAGES
 
 EXCHANGE = ("copy_in", "collective")
 PREPROCESSING = ("read", "preprocess")

@@ -13,7 +13,7 @@ MPIEXEC = os.path.join(BIN, "mpiexec")
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory):
     """50 synthetic images in 3 shards: no test batch size divides 50."""
-    from enspipe.synthetic import make_dataset
+    from enspipe.data.synthetic import make_dataset
 
     out = str(tmp_path_factory.mktemp("data") / "d50")
     make_dataset(out, 50, seed=3, num_classes=10, images_per_shard=20)
@@ -51,7 +51,8 @@ def bad_jpeg_dataset(tmp_path_factory):
     """Shards whose record 3 of shard 0 holds bytes that are not a JPEG."""
     import tensorflow as tf
 
-    from enspipe.synthetic import make_dataset, slim_example
+    from enspipe.data.shards import slim_example
+    from enspipe.data.synthetic import make_dataset
 
     root = tmp_path_factory.mktemp("bad") / "d"
     m = make_dataset(str(root), 12, seed=2, num_classes=3, images_per_shard=6)

@@ -1,8 +1,8 @@
 import pytest
 
 from conftest import enspipe, summary
-from enspipe.config import ConfigError, RunConfig
-from enspipe.schemes import Broadcast, Gather, make_scheme
+from enspipe.plan.config import ConfigError, RunConfig
+from enspipe.plan.schemes import Broadcast, Gather, make_scheme
 
 
 @pytest.mark.parametrize("args, option", [
@@ -106,7 +106,7 @@ def test_make_dataset_cli(tmp_path):
     ([0, 1, 2, 3], 2, 8, True, 4),   # a share of 4 of 8 cores
 ])
 def test_thread_pools_are_sized_from_the_hosts_cores(cores, members, host_cpus, sharing, threads):
-    from enspipe.placement import Placement
+    from enspipe.run.placement import Placement
 
     p = Placement("h", 0, members, host_cpus, 0, cores, sharing, {})
     assert p.threads == threads

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from enspipe import cpumon
+from enspipe.measure import cpumon
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -84,7 +84,7 @@ def test_window_cpu_sums_cores_in_cpu_seconds():
 def test_psutil_sampler_writes_the_same_rows(tmp_path):
     out = tmp_path / "psutil-cpu.h.jsonl"
     with open(out, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "enspipe.cpusampler", "1"], stdout=f)
+        p = subprocess.Popen([sys.executable, "-m", "enspipe.measure.cpusampler", "1"], stdout=f)
         time.sleep(2.6)
         p.send_signal(2)
         assert p.wait(10) == 0

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from enspipe.data import (DataError, digest_of, indexed, load_manifest, load_samples, read_slices, sample_ids,
-                          sample_stream, scan, slice_of_batch, write_jpeg_folders_as_shards)
-from enspipe.synthetic import make_dataset, synthetic_image
+from enspipe.data.manifest import DataError
+from enspipe.data.shards import (digest_of, indexed, load_manifest, load_samples, read_slices, sample_ids,
+                                 sample_stream, scan, slice_of_batch, write_jpeg_folders_as_shards)
+from enspipe.data.synthetic import make_dataset, synthetic_image
 
 
 def _take(m, seed, batch, lo, hi, steps, shuffle=64):
@@ -119,7 +120,7 @@ def test_corrupt_shard_is_named(tmp_path):
 
 
 def test_a_slim_record_parses_as_tensorflow_parses_it():
-    from enspipe.data import SLIM_FEATURES, parse_slim
+    from enspipe.data.shards import SLIM_FEATURES, parse_slim
 
     def example(**features):
         return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()

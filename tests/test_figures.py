@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from enspipe import figures, findings, tables
-from enspipe.collect import COLUMNS
+from enspipe.report import figures, findings, tables
+from enspipe.report.collect import COLUMNS
 
 MACHINE = "CPU X (2 CPUs), no GPU"
 

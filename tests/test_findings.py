@@ -3,8 +3,8 @@ where it clearly fails and, where this machine may not express the finding, one 
 import pandas as pd
 import pytest
 
-from enspipe import findings
-from enspipe.collect import COLUMNS
+from enspipe.report import findings
+from enspipe.report.collect import COLUMNS
 
 YES, NO, UNTESTABLE = "yes", "no", findings.NOT_TESTABLE
 

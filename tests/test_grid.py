@@ -6,9 +6,9 @@ import jsonschema
 import pytest
 import yaml
 
-from enspipe import grid
-from enspipe.calibration import rates
-from enspipe.collect import ROW_COLUMNS, add_reductions, cell_row
+from enspipe.plan import grid
+from enspipe.run.calibration import rates
+from enspipe.report.collect import ROW_COLUMNS, add_reductions, cell_row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -150,7 +150,7 @@ def test_reductions_against_the_baseline_and_their_ceiling():
 def test_the_ceilings_tolerance_is_the_tables_own_repeat_noise():
     import pandas as pd
 
-    from enspipe.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, ceiling_tolerance
+    from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, ceiling_tolerance
 
     key = {"network": "vgg_a", "consumer": "peak", "cores": "1", "batch_size": 8, "image_size": 64, "n": 1}
 

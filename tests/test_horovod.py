@@ -7,7 +7,7 @@ Runs where Horovod imports (``make horovod`` builds ``.venv-horovod``; ``make te
 import pytest
 
 from conftest import enspipe, manifest, step_values, summary
-from enspipe.horovod_transport import available
+from enspipe.exchange.horovod import available
 
 OK, WHY = available()
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.skipif(not OK, reason=WHY)]

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import enspipe, manifest, step_values, summary, with_option
 
-from enspipe.stages import STAGES
+from enspipe.measure.stages import STAGES
 
 pytestmark = pytest.mark.mpi
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",

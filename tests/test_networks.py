@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from enspipe.consumers import EmulatedConsumer, PeakConsumer, TrainConsumer
-from enspipe.networks import NETWORKS
+from enspipe.run.consumers import EmulatedConsumer, PeakConsumer, TrainConsumer
+from enspipe.models.networks import NETWORKS
 
 
 def test_paper_batch_sizes():

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from enspipe import power
-from enspipe.measure import job_fields, preference
+from enspipe.measure import power
+from enspipe.measure.node import job_fields, preference
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -210,7 +210,7 @@ def test_preference_groups():
 
 
 def test_idle_power_command_on_this_machine(tmp_path):
-    from enspipe.measure import measure_idle_power
+    from enspipe.measure.node import measure_idle_power
 
     idle = measure_idle_power(str(tmp_path / "idle.json"), 0.3, ("auto",), None, idle_watts=42.0)
     stored = json.loads((tmp_path / "idle.json").read_text())
@@ -226,7 +226,7 @@ def test_idle_power_from_a_meter_keeps_the_series_spread(tmp_path):
     """Table 4's min / variance / max come from the meter's samples inside the idle window."""
     import time
 
-    from enspipe.measure import measure_idle_power
+    from enspipe.measure.node import measure_idle_power
 
     now = time.time()
     meter = tmp_path / "meter.csv"

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from enspipe.preprocessing import VGG_MEANS, make_preprocess_fn
-from enspipe.synthetic import synthetic_image
+from enspipe.data.preprocessing import VGG_MEANS, make_preprocess_fn
+from enspipe.data.synthetic import synthetic_image
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from enspipe import grid
+from enspipe.plan import grid
 
 pytestmark = pytest.mark.workflow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +129,7 @@ def test_local_run_of_the_test_grid(local_run):
 def test_every_figure_and_table_and_the_html_report(local_run):
     """The figures rule leaves every output figures.OUTPUTS names (real data where the test grid
     has cells for it, a 'no data' placeholder elsewhere), and `snakemake --report` builds."""
-    from enspipe.figures import OUTPUTS
+    from enspipe.report.figures import OUTPUTS
 
     wd, r = local_run
     assert r.returncode == 0, r.stderr[-4000:]

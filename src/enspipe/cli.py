@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from enspipe.config import (CONSUMERS, CPU_MONITORS, ON_CORRUPT, SCHEMES, TRANSPORTS, WIRE_DTYPES, ConfigError,
-                            RunConfig)
+from enspipe.plan.config import (CONSUMERS, CPU_MONITORS, ON_CORRUPT, SCHEMES, TRANSPORTS, WIRE_DTYPES,
+                                 ConfigError, RunConfig)
 
 
 def _positive_int(s: str) -> int:
@@ -42,7 +42,7 @@ def _add_power_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from enspipe.networks import NETWORKS
+    from enspipe.models.networks import NETWORKS
 
     p = argparse.ArgumentParser(prog="enspipe", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -168,13 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "make-dataset":
         if a.num_images < 1:
             parser.error("--num-images: must be >= 1; pass the number of images to generate")
-        from enspipe.synthetic import make_dataset
+        from enspipe.data.synthetic import make_dataset
 
         m = make_dataset(a.out, a.num_images, a.seed, max(1, a.num_classes), max(1, a.images_per_shard))
         print(f"enspipe: wrote {m.num_images} images in {len(m.files)} shards to {a.out} (digest {m.digest})")
         return 0
     if a.command == "convert":
-        from enspipe.data import DataError, write_jpeg_folders_as_shards
+        from enspipe.data.manifest import DataError
+        from enspipe.data.shards import write_jpeg_folders_as_shards
 
         try:
             m = write_jpeg_folders_as_shards(a.jpeg_dir, a.out, max(1, a.images_per_shard))
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"enspipe: converted {m.num_images} images into {len(m.files)} shards in {a.out}")
         return 0
     if a.command == "stage":
-        from enspipe.data import DataError, stage_dataset
+        from enspipe.data.manifest import DataError
+        from enspipe.data.shards import stage_dataset
 
         try:
             m = stage_dataset(a.data, a.out)
@@ -194,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "index":
         import os
 
-        from enspipe.data import MANIFEST, DataError, manifest_dict, scan, write_json_atomic
+        from enspipe.common.atomic import write_json_atomic
+        from enspipe.data.manifest import MANIFEST, DataError, manifest_dict
+        from enspipe.data.shards import scan
 
         try:
             m = scan(a.data)
@@ -206,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "calibrate-rc":
         if a.steps < 1 or a.batch_size == 0 or not 32 <= a.image_size <= 1024:
             parser.error("--steps, --batch-size and --image-size: need steps >= 1, a batch >= 1, 32 <= size <= 1024")
-        from enspipe.calibration import measure_accelerator_rate
-        from enspipe.data import write_json_atomic
-        from enspipe.networks import NETWORKS
+        from enspipe.run.calibration import measure_accelerator_rate
+        from enspipe.common.atomic import write_json_atomic
+        from enspipe.models.networks import NETWORKS
 
         r = measure_accelerator_rate(a.network, a.batch_size or NETWORKS[a.network].batch_size, a.image_size,
                                      a.steps, a.warmup, max(2, a.num_classes))
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"enspipe: rc = {r['rc']:.1f} images/s for {a.network} on {r['device']} -> {a.out}")
         return 0
     if a.command == "idle-power":
-        from enspipe.measure import measure_idle_power
+        from enspipe.measure.node import measure_idle_power
 
         if a.seconds <= 0:
             parser.error("--seconds: must be > 0; pass how long to sample, e.g. 30")
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(a)
     except ConfigError as e:
         parser.error(str(e))
-    from enspipe.runner import run
+    from enspipe.run.member import run
 
     return run(cfg)
 

@@ -9,7 +9,7 @@ from snakemake.utils import min_version, validate
 
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
-from enspipe import grid  # noqa: E402
+from enspipe.plan import grid  # noqa: E402
 
 min_version("9.0")
 
@@ -21,7 +21,7 @@ ENV = "../envs/enspipe.yaml"
 validate(config, schema="../schemas/config.schema.yaml")
 
 if config["dataset"].get("path"):  # the data stage reads it: refuse a wrong one before any job
-    from enspipe.manifest import check as check_dataset
+    from enspipe.data.manifest import check as check_dataset
 
     _problem = check_dataset(config["dataset"]["path"])
     if _problem:

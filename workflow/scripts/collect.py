@@ -3,7 +3,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(snakemake.scriptdir, "..", "..", "src"))  # noqa: F821
-from enspipe.collect import collect, write_cells_csv
+from enspipe.report.collect import collect, write_cells_csv
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log

@@ -3,7 +3,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(snakemake.scriptdir, "..", "..", "src"))  # noqa: F821
-from enspipe.figures import render
+from enspipe.report.figures import render
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log

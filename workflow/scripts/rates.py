@@ -4,8 +4,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(snakemake.scriptdir, "..", "..", "src"))  # noqa: F821
-from enspipe.calibration import rates
-from enspipe.atomic import write_json_atomic
+from enspipe.run.calibration import rates
+from enspipe.common.atomic import write_json_atomic
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log

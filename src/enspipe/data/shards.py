@@ -1,0 +1,554 @@
+"""Datasets: TF-Slim ImageNet TFRecord shards or JPEG class folders, their manifest, and the
+deterministic sample stream every pipeline reads.
+
+Every sample has a stable key (``<shard>:<index>`` for TFRecords, ``<class>/<file>`` for JPEG
+folders) and a 63-bit id (TensorFlow's FarmHash fingerprint of the key). A set of samples has an
+order-independent digest, the sum of its ids modulo 2**64, so exactly-once delivery can be checked
+against ``manifest.json`` from outside.
+
+The stream is infinite: epoch ``e`` is the dataset in an order drawn from ``(order_seed, e)``;
+its elements are ``position`` (index in the whole stream), ``epoch``, ``id``, ``key`` and where
+the sample is. Global batch ``k`` is positions ``[k*B, (k+1)*B)``; a preprocessor keeps only its
+share of each batch before anything is read, parsed or decoded (:func:`read_slices`): where the
+manifest counts every shard's records, the order is drawn over ``(shard, record)`` numbers and a
+member reads only its own records, by their offsets (:class:`RecordReader`), so sharing the
+preprocessing shares the reading too; otherwise every member reads every record and keeps its
+share.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import shutil
+import struct
+
+import numpy as np
+import tensorflow as tf
+
+from enspipe.common.atomic import write_json_atomic
+from enspipe.data.manifest import (JPEG_EXTENSIONS, MANIFEST, DataError, Manifest, candidate_shards,
+                                   manifest_dict, masked_crc32c, read_manifest)
+
+_ID_BUCKETS = 2**63 - 1
+_MASK64 = (1 << 64) - 1
+
+SLIM_FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/format": tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+}
+
+
+def sample_ids(keys) -> np.ndarray:
+    """The 63-bit ids of sample keys (a list of str/bytes or a string tensor)."""
+    return tf.strings.to_hash_bucket_fast(tf.convert_to_tensor(keys, tf.string), _ID_BUCKETS).numpy()
+
+
+def digest_of(ids) -> str:
+    """Order-independent digest of a collection of ids: their sum modulo 2**64, in hex."""
+    total = int(np.asarray(ids, dtype=np.uint64).sum(dtype=np.uint64)) if len(ids) else 0
+    return f"{total & _MASK64:016x}"
+
+
+def batch_checksum(batch) -> str:
+    """BLAKE2b of a delivered batch's pixels and (id, epoch, position, label) rows, in order."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.ascontiguousarray(batch.images))
+    h.update(np.ascontiguousarray(batch.meta))
+    return h.hexdigest()
+
+
+def add_digests(a: str, b: str) -> str:
+    return f"{(int(a, 16) + int(b, 16)) & _MASK64:016x}"
+
+
+def _jpeg_folders(root: str) -> tuple[list[str], list[int], list[str]]:
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    files, labels = [], []
+    for label, cls in enumerate(classes):
+        for name in sorted(os.listdir(os.path.join(root, cls))):
+            if name.endswith(JPEG_EXTENSIONS):
+                files.append(f"{cls}/{name}")
+                labels.append(label)
+    return files, labels, classes
+
+
+def _shard_key_prefix(path: str) -> str:
+    return os.path.basename(path)
+
+
+def scan(root: str) -> Manifest:
+    """Build a manifest by reading the directory (every TFRecord is read once to count and key it)."""
+    if not os.path.isdir(root):
+        raise DataError(f"{root}: not a directory; create a dataset with `enspipe make-dataset`")
+    files, labels, classes = _jpeg_folders(root)
+    if files:
+        return Manifest(root, "jpeg_folders", len(files), len(classes), digest_of(sample_ids(files)),
+                        tuple(files), tuple(labels))
+    shards = candidate_shards(root)
+    if not shards:
+        raise DataError(f"{root}: no TFRecord shards and no JPEG class folders found")
+    total, digest, max_label, counts = 0, digest_of([]), -1, []
+    for shard in shards:
+        keys, records = [], 0
+        try:
+            for i, rec in enumerate(tf.data.TFRecordDataset(shard)):
+                keys.append(f"{_shard_key_prefix(shard)}:{i}")
+                ex = tf.io.parse_single_example(rec, SLIM_FEATURES)
+                max_label = max(max_label, int(ex["image/class/label"]))
+                records += 1
+        except tf.errors.DataLossError as e:
+            raise DataError(f"{shard}: corrupt TFRecord at record {records}: {e.message}") from None
+        total += records
+        counts.append(records)
+        digest = add_digests(digest, digest_of(sample_ids(keys)))
+    return Manifest(root, "tfrecord", total, max_label + 1, digest,
+                    tuple(os.path.relpath(s, root) for s in shards), counts=tuple(counts),
+                    sizes=tuple(os.path.getsize(s) for s in shards))
+
+
+def load_manifest(root: str) -> Manifest:
+    """Read ``root/manifest.json``, or scan the directory when there is none."""
+    if not os.path.exists(os.path.join(root, MANIFEST)):
+        return scan(root)
+    return read_manifest(root)
+
+
+def verify_digest(m: Manifest) -> str | None:
+    """Whether the manifest's digest is its shards' keys' (``<shard>:<index>`` for every record it
+    counts); a problem, or None. Manifests without per-shard counts cannot be checked (None)."""
+    if m.kind != "tfrecord" or not m.counts or any(c is None for c in m.counts):
+        return None
+    digest = digest_of([])
+    for f, count in zip(m.files, m.counts):
+        name = os.path.basename(f)
+        digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(count)])))
+    if digest != m.digest:
+        return (f"{m.root}/{MANIFEST}: its digest {m.digest} is not its shards' ({digest}); re-create the dataset, "
+                "or re-index it with `enspipe index --data DIR`")
+    return None
+
+
+def expected_keys(m: Manifest) -> list[str] | None:
+    """Every sample key the manifest promises (None where it does not count its shards' records)."""
+    if m.kind == "jpeg_folders":
+        return list(m.files)
+    if not m.counts or any(c is None for c in m.counts):
+        return None
+    return [f"{os.path.basename(f)}:{i}" for f, c in zip(m.files, m.counts) for i in range(c)]
+
+
+def stage_dataset(src: str, out: str) -> Manifest:
+    """The workflow's shared data stage for a user's dataset, leaving the source untouched: JPEG
+    class folders are packed into TF-Slim shards under ``out``; TFRecord shards are linked there.
+    Either way ``out`` gets a ``manifest.json`` (sample keys, hence the digest, are unchanged)."""
+    m = scan(src)
+    if m.kind == "jpeg_folders":
+        return write_jpeg_folders_as_shards(src, out)
+    os.makedirs(out, exist_ok=True)
+    for f in m.files:
+        dst = os.path.join(out, f)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.lexists(dst):
+            os.remove(dst)
+        os.symlink(os.path.abspath(os.path.join(src, f)), dst)
+    staged = dataclasses.replace(m, root=out, sizes=tuple(os.path.getsize(p) for p in m.paths()))
+    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(staged))
+    return staged
+
+
+def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
+    """The record shuffle buffer really used: at most a quarter of the dataset. A shuffle buffer
+    fills before it emits, so one as large as the dataset reads every record of an epoch at the
+    epoch's start; a measured window shorter than a few epochs then counts reading done for
+    images outside it (or misses it). A quarter keeps reading at the stream's pace. JPEG folders
+    shuffle file names, not records, and read only what is kept: their buffer is the dataset."""
+    if m.kind == "jpeg_folders" or not shuffle_buffer:
+        return shuffle_buffer
+    return max(1, min(shuffle_buffer, m.num_images // 4))
+
+
+CORRUPT_LABEL = -2  # the label of a placeholder for a record that could not be read (skip mode)
+
+
+def _placeholder() -> bytes:
+    """A Slim example with no image, standing in for an unreadable record in skip mode: it keeps
+    the record's place and key in the stream, and its decode fails, so the preprocess stage skips
+    and counts it like an undecodable image."""
+    return tf.train.Example(features=tf.train.Features(feature={
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[CORRUPT_LABEL])),
+    })).SerializeToString()
+
+
+def resilient_records(path, count):
+    """The records of one TFRecord shard, a placeholder in place of each one that cannot be read:
+    a corrupt record is stepped over by its header's length (when the header itself checks out),
+    and where the shard cannot be followed any further the records the manifest still promises
+    (``count``; -1: unknown) are placeholders too. Nothing after a corrupt record is lost."""
+    from tensorflow.python.lib.io import _pywrap_record_io
+
+    path = path.decode() if isinstance(path, bytes) else path
+    size, placeholder = os.path.getsize(path), _placeholder()
+    reader = _pywrap_record_io.RandomRecordReader(path)
+    offset, index = 0, 0
+    with open(path, "rb") as f:
+        while offset < size:
+            try:
+                record, offset = reader.read(offset)
+            except tf.errors.OpError:
+                f.seek(offset)
+                head = f.read(12)
+                if len(head) < 12 or struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
+                    break  # the length itself is damaged: the rest of the shard cannot be followed
+                offset += 16 + struct.unpack("<Q", head[:8])[0]
+                record = placeholder
+            yield record
+            index += 1
+    for _ in range(index, count):
+        yield placeholder
+
+
+def indexed(m: Manifest) -> bool:
+    """Whether the stream draws its order over ``(shard, record)`` numbers and members read only
+    their own records (TFRecords whose manifest counts every shard's records)."""
+    return m.kind == "tfrecord" and bool(m.counts) and all(c is not None for c in m.counts)
+
+
+class RecordReader:
+    """Random access to a manifest's TFRecord records by ``(shard, record number)``.
+
+    A shard's record offsets and lengths are found on first use by following its records' length
+    fields (12 bytes each, their CRC checked; no payload is read); a record is then one ``pread``
+    of its payload and its CRC, checked. (TensorFlow's own random-access reader re-reads its
+    buffer on every backward seek: 1.3 ms of CPU per record in a shuffled order, against 15 us
+    here.) A record that cannot be read (a damaged payload, a damaged length field before it, a
+    shard that ends before it) fails the run naming it, or with ``skip_corrupt`` reads as a
+    placeholder (:func:`_placeholder`) that the preprocess stage skips and counts.
+    """
+
+    OPEN_SHARDS = 64  # shards kept open at once (the interleave reads 4 at a time)
+
+    def __init__(self, m: Manifest, skip_corrupt: bool):
+        self.paths, self.counts, self.skip_corrupt = m.paths(), list(m.counts), skip_corrupt
+        self._index_of: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._fds: dict[int, int] = {}
+
+    def _index(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each record's offset and payload length (-1 from the first that cannot be found)."""
+        path, count = self.paths[shard], self.counts[shard]
+        offsets, lengths = np.full(count, -1, np.int64), np.full(count, -1, np.int64)
+        size, offset = os.path.getsize(path), 0
+        with open(path, "rb") as f:
+            for i in range(count):
+                f.seek(offset)
+                head = f.read(12)
+                if len(head) < 12 or struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
+                    break  # the shard ends, or a length field is damaged: the rest cannot be found
+                length = struct.unpack("<Q", head[:8])[0]
+                if offset + 16 + length > size:
+                    break
+                offsets[i], lengths[i] = offset, length
+                offset += 16 + length
+        return offsets, lengths
+
+    def _fd(self, shard: int) -> int:
+        if shard not in self._fds:
+            if len(self._fds) >= self.OPEN_SHARDS:  # the oldest goes: ImageNet has 1024 shards
+                os.close(self._fds.pop(next(iter(self._fds))))
+            self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        return self._fds[shard]
+
+    def read(self, shard: int, record: int) -> bytes:
+        if shard not in self._index_of:
+            self._index_of[shard] = self._index(shard)
+        offsets, lengths = self._index_of[shard]
+        if offsets[record] < 0:  # named by the first record the shard lacks, whichever was asked for
+            first = int(np.argmax(offsets < 0))
+            return self._unreadable(shard, first, f"the shard ends, or its length field is damaged, there: it "
+                                                  f"holds {first} of the manifest's {self.counts[shard]} records")
+        length = int(lengths[record])
+        raw = os.pread(self._fd(shard), length + 4, int(offsets[record]) + 12)
+        if len(raw) < length + 4:
+            return self._unreadable(shard, record, "the shard was cut short while being read")
+        payload = raw[:length]
+        if struct.unpack("<I", raw[length:])[0] != masked_crc32c(payload):
+            return self._unreadable(shard, record, "its data does not match its CRC")
+        return payload
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def _unreadable(self, shard: int, record: int, why: str) -> bytes:
+        if self.skip_corrupt:
+            return _placeholder()
+        raise DataError(f"{self.paths[shard]}: corrupt TFRecord at record {record} ({why}); "
+                        "pass --on-corrupt skip to skip and count it")
+
+
+def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool) -> tf.data.Dataset:
+    """One epoch of ``(key, payload, label, shard, record)`` in the order drawn from
+    ``epoch_seed``: ``payload`` is the serialized record (``shard``/``record`` -1), the file's path
+    (JPEG folders), or empty where the manifest counts every shard's records (:func:`indexed`):
+    the record is then read after the stream is sliced. Either way the order is the same: the
+    draw depends only on how many records each shard holds."""
+    if m.kind == "jpeg_folders":
+        n = len(m.files)
+        ds = tf.data.Dataset.from_tensor_slices((list(m.files), m.paths(), np.asarray(m.labels, np.int64),
+                                                 np.full(n, -1, np.int64), np.full(n, -1, np.int64)))
+        return ds.shuffle(m.num_images, seed=epoch_seed) if shuffle_buffer else ds
+
+    def shard_numbers(path, count, shard):  # the shard's records by number: nothing is read here
+        prefix = tf.strings.split(path, "/")[-1]
+        return tf.data.Dataset.range(count).map(
+            lambda i: (tf.strings.join([prefix, ":", tf.strings.as_string(i)]), tf.constant(b""),
+                       tf.constant(-1, tf.int64), shard, i))
+
+    def shard_records(path, count):
+        if skip_corrupt:
+            records = tf.data.Dataset.from_generator(resilient_records, args=(path, count),
+                                                     output_signature=tf.TensorSpec([], tf.string))
+        else:
+            records = tf.data.TFRecordDataset(path)
+        prefix = tf.strings.split(path, "/")[-1]
+        return records.enumerate().map(
+            lambda i, rec: (tf.strings.join([prefix, ":", tf.strings.as_string(i)]), rec, tf.constant(-1, tf.int64),
+                            tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)))
+
+    counts = [-1 if c is None else c for c in (m.counts or (None,) * len(m.files))]
+    files = tf.data.Dataset.from_tensor_slices((m.paths(), np.asarray(counts, np.int64),
+                                                np.arange(len(m.files), dtype=np.int64)))
+    if shuffle_buffer:
+        files = files.shuffle(len(m.files), seed=epoch_seed)
+    per_shard = shard_numbers if indexed(m) else (lambda path, count, shard: shard_records(path, count))
+    ds = files.interleave(per_shard, cycle_length=min(4, len(m.files)), block_length=1)
+    return ds.shuffle(effective_shuffle_buffer(m, shuffle_buffer), seed=epoch_seed + 1) if shuffle_buffer else ds
+
+
+def sample_stream(m: Manifest, order_seed: int, shuffle_buffer: int = 1024,
+                  skip_corrupt: bool = False) -> tf.data.Dataset:
+    """The infinite stream of ``dict(position, epoch, key, payload, label)``.
+
+    ``payload`` is a serialized Slim ``tf.train.Example`` (TFRecords) or a file path (JPEG
+    folders); ``label`` is -1 until :func:`load_samples` parses the payload.
+    """
+    def epoch(e):
+        seed = tf.cast(order_seed, tf.int64) * 1_000_003 + e * 7_919
+        return _epoch_records(m, seed, shuffle_buffer, skip_corrupt).map(
+            lambda key, payload, label, shard, record: {"epoch": e, "key": key, "payload": payload, "label": label,
+                                                        "shard": shard, "record": record})
+
+    ds = tf.data.Dataset.range(2**62).flat_map(epoch).enumerate()
+    return ds.map(lambda pos, el: dict(el, position=pos))
+
+
+def slice_of_batch(stream: tf.data.Dataset, batch: int, lo: int, hi: int) -> tf.data.Dataset:
+    """Keep stream positions whose offset in their global batch is in ``[lo, hi)``, batched per
+    global batch: one element per global batch, each with ``hi - lo`` samples."""
+    if (lo, hi) != (0, batch):
+        stream = stream.filter(lambda el: tf.logical_and(el["position"] % batch >= lo, el["position"] % batch < hi))
+    return stream.batch(hi - lo)
+
+
+class IndexedOrder:
+    """The stream's order over ``(shard, record)`` numbers, an epoch at a time, as numpy arrays.
+
+    Each epoch is drawn by the same tf.data shuffles and interleave as :func:`_epoch_records`
+    (the draw depends only on how many records each shard holds, so drawing bare numbers gives
+    the same order), in one pass per epoch; a member then picks its share of each global batch by
+    position. Every member draws the whole epoch, but that costs microseconds per record; walking
+    the sample stream element by element through tf.data instead cost every member ~150 us per
+    sample of the whole stream, so a member's read stage shrank not at all with its share.
+    """
+
+    def __init__(self, m: Manifest, order_seed: int, shuffle_buffer: int):
+        self.m, self.order_seed, self.shuffle_buffer = m, int(order_seed), shuffle_buffer
+        self.counts = np.asarray(m.counts, np.int64)
+        self.size = int(self.counts.sum())  # records per epoch (skipped ones stay as placeholders)
+        self.first = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)  # each shard's first
+        self.names = np.array([os.path.basename(p) + ":" for p in m.paths()], dtype=object)
+        self._epochs: dict[int, np.ndarray] = {}
+        self._next = 0
+        self._draws = iter(tf.data.Dataset.range(2**62).flat_map(self._epoch_dataset).batch(self.size))
+
+    def _epoch_dataset(self, e):
+        """Epoch ``e``'s numbers: the shuffles and interleave of :func:`_epoch_records` (and its seed)."""
+        seed = tf.cast(self.order_seed, tf.int64) * 1_000_003 + e * 7_919
+        files = tf.data.Dataset.from_tensor_slices((self.counts, self.first))
+        if self.shuffle_buffer:
+            files = files.shuffle(len(self.counts), seed=seed)
+        # records numbered across shards (no per-record function: tf.data runs one at ~10 us a call)
+        ds = files.interleave(lambda count, first: tf.data.Dataset.range(first, first + count),
+                              cycle_length=min(4, len(self.counts)), block_length=1)
+        if self.shuffle_buffer:
+            ds = ds.shuffle(effective_shuffle_buffer(self.m, self.shuffle_buffer), seed=seed + 1)
+        return ds
+
+    def epoch(self, e: int) -> np.ndarray:
+        """Epoch ``e``'s ``(shard, record)`` rows in stream order (epochs are drawn in order; the
+        last two are kept)."""
+        while self._next <= e:
+            numbers = next(self._draws).numpy()
+            shard = np.searchsorted(self.first, numbers, side="right") - 1
+            self._epochs[self._next] = np.stack([shard, numbers - self.first[shard]], axis=1)
+            self._epochs.pop(self._next - 2, None)
+            self._next += 1
+        return self._epochs[e]
+
+    def at(self, positions: np.ndarray) -> dict:
+        """The stream elements at ``positions`` (ascending): ``epoch``, ``position``, ``key``,
+        ``shard``, ``record``."""
+        epochs, index = positions // self.size, positions % self.size
+        rows = np.zeros((len(positions), 2), np.int64)
+        for e in np.unique(epochs):
+            at_e = epochs == e
+            rows[at_e] = self.epoch(int(e))[index[at_e]]
+        keys = self.names[rows[:, 0]] + rows[:, 1].astype(str).astype(object)
+        return {"epoch": epochs.astype(np.int64), "position": positions.astype(np.int64),
+                "key": np.array([k.encode() for k in keys], dtype=object), "shard": rows[:, 0], "record": rows[:, 1]}
+
+
+def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt: bool, batch: int,
+                lo: int, hi: int, options: tf.data.Options | None = None):
+    """This member's share ``[lo, hi)`` of every global batch of the stream, read and parsed: an
+    iterator of numpy dicts (``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``), one
+    per global batch. Only the share's records are read where the stream is :func:`indexed`, and
+    only the share's positions are looked at (:class:`IndexedOrder`)."""
+    if not indexed(m):
+        ds = slice_of_batch(sample_stream(m, order_seed, shuffle_buffer, skip_corrupt), batch, lo, hi)
+        if options is not None:
+            ds = ds.with_options(options)
+        for b in ds.map(lambda b: load_samples(m.kind, b)):
+            yield {k: v.numpy() for k, v in b.items()}
+        return
+    order, reader = IndexedOrder(m, order_seed, shuffle_buffer), RecordReader(m, skip_corrupt)
+    try:
+        for step in itertools.count():
+            b = order.at(np.arange(step * batch + lo, step * batch + hi, dtype=np.int64))
+            parsed = [parse_slim(reader.read(int(s), int(r)), key) for s, r, key in zip(b.pop("shard"), b.pop("record"),
+                                                                                       b["key"])]
+            b["encoded"] = np.empty(len(parsed), object)
+            b["encoded"][:] = [e for e, _ in parsed]
+            b["label"] = np.array([label for _, label in parsed], np.int64)
+            b["id"] = sample_ids(b["key"]) if len(parsed) else np.zeros(0, np.int64)
+            yield b
+    finally:
+        reader.close()
+
+
+def parse_slim(payload: bytes, key: bytes = b"?") -> tuple[bytes, int]:
+    """A serialized Slim ``tf.train.Example``'s encoded image and label, as ``tf.io.parse_example``
+    with :data:`SLIM_FEATURES` reads them (the label is -1 where it is absent), parsed by protobuf
+    in this thread: TensorFlow's op cost ~50 us per record plus ~1 ms per call, in the read stage
+    of every member."""
+    try:
+        features = tf.train.Example.FromString(payload).features.feature
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, whichever implementation
+        raise DataError(f"{key.decode()}: not a tf.train.Example ({e})") from None
+    encoded = features["image/encoded"].bytes_list.value if "image/encoded" in features else ()
+    if len(encoded) != 1:
+        raise DataError(f"{key.decode()}: the record has {len(encoded)} image/encoded values, not 1")
+    labels = features["image/class/label"].int64_list.value if "image/class/label" in features else ()
+    return encoded[0], int(labels[0]) if len(labels) else -1
+
+
+def load_samples(kind: str, batch: dict) -> dict:
+    """Turn a batch of stream elements into ``encoded`` JPEG bytes and labels (parse or read files)."""
+    if kind == "jpeg_folders":
+        encoded = tf.map_fn(tf.io.read_file, batch["payload"], fn_output_signature=tf.string)
+        label = batch["label"]
+    else:
+        ex = tf.io.parse_example(batch["payload"], SLIM_FEATURES)
+        encoded, label = ex["image/encoded"], ex["image/class/label"]
+    out = {k: v for k, v in batch.items() if k not in ("payload", "shard", "record")}
+    out.update(encoded=encoded, label=label, id=tf.strings.to_hash_bucket_fast(batch["key"], _ID_BUCKETS))
+    return out
+
+
+def locate_corrupt_record(m: Manifest) -> str:
+    """Find the first unreadable TFRecord and say where it is (used after a DataLossError)."""
+    for path in m.paths():
+        n = 0
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                n += 1
+        except tf.errors.DataLossError as e:
+            return (f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]}); "
+                    "pass --on-corrupt skip to skip and count it")
+    return "a TFRecord shard became unreadable during the run"
+
+
+def write_jpeg_folders_as_shards(src: str, out: str, images_per_shard: int = 1024) -> Manifest:
+    """Convert a folder of JPEG class folders into Slim-format TFRecord shards plus a manifest."""
+    m = scan(src)
+    if m.kind != "jpeg_folders":
+        raise DataError(f"{src}: not a folder of JPEG class folders")
+
+    classes = sorted({f.split("/")[0] for f in m.files})
+
+    def samples():
+        for rel, label in zip(m.files, m.labels):
+            with open(os.path.join(src, rel), "rb") as f:
+                data = f.read()
+            shape = tf.io.extract_jpeg_shape(data).numpy()
+            yield data, label, int(shape[0]), int(shape[1]), rel, classes[label]
+
+    return write_shards(out, samples(), m.num_images, len(classes), images_per_shard,
+                        info={"source": os.path.abspath(src)}, synthetic=False)
+
+
+def _bytes(v: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+
+
+def _int(v: int) -> tf.train.Feature:
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+
+
+def slim_example(encoded: bytes, label: int, height: int, width: int, filename: str, synset: str) -> bytes:
+    """A ``tf.train.Example`` with TF-Slim's ImageNet feature keys."""
+    return tf.train.Example(features=tf.train.Features(feature={
+        "image/encoded": _bytes(encoded), "image/format": _bytes(b"JPEG"),
+        "image/class/label": _int(label), "image/class/synset": _bytes(synset.encode()),
+        "image/class/text": _bytes(synset.encode()), "image/height": _int(height), "image/width": _int(width),
+        "image/colorspace": _bytes(b"RGB"), "image/channels": _int(3), "image/filename": _bytes(filename.encode()),
+    })).SerializeToString()
+
+
+def write_shards(out: str, samples, num_images: int, num_classes: int, images_per_shard: int,
+                 info: dict, synthetic: bool) -> Manifest:
+    """Write ``(jpeg, label, height, width, filename, synset)`` samples as Slim TFRecord shards
+    ``train-XXXXX-of-YYYYY`` and, last and atomically, ``manifest.json``."""
+    num_shards = max(1, math.ceil(num_images / images_per_shard))
+    os.makedirs(out, exist_ok=True)
+    if os.path.exists(os.path.join(out, MANIFEST)):
+        os.remove(os.path.join(out, MANIFEST))  # an incomplete rewrite must not look complete
+    tmp = os.path.join(out, ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    names, counts, digest, total_bytes, it = [], [], digest_of([]), 0, iter(samples)
+    for s in range(num_shards):
+        name = f"train-{s:05d}-of-{num_shards:05d}"
+        n = min(images_per_shard, num_images - s * images_per_shard)
+        with tf.io.TFRecordWriter(os.path.join(tmp, name)) as writer:
+            for _ in range(n):
+                encoded, label, h, w, filename, synset = next(it)
+                writer.write(slim_example(encoded, label, h, w, filename, synset))
+                total_bytes += len(encoded)
+        names.append(name)
+        counts.append(n)
+        digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(n)])))
+    for name in names:
+        os.replace(os.path.join(tmp, name), os.path.join(out, name))
+    os.rmdir(tmp)
+    info = dict(info, mean_jpeg_bytes=round(total_bytes / max(1, num_images)))
+    m = Manifest(out, "tfrecord", num_images, num_classes, digest, tuple(names), synthetic=synthetic, info=info,
+                 counts=tuple(counts), sizes=tuple(os.path.getsize(os.path.join(out, n)) for n in names))
+    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(m))
+    return m

@@ -1,0 +1,68 @@
+"""What every transport shares: a batch as two contiguous arrays, the exchange's byte and time
+accounting, and waiting for MPI requests without spinning."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+META_FIELDS = ("id", "epoch", "position", "label")
+
+
+def wait_quietly(requests) -> None:
+    """Wait for MPI requests without spinning: MPICH busy-polls inside blocking collectives, which
+    would bill a member that waits for its peers a full core. Poll with sleeps that grow with the
+    wait (to 5% of the time waited so far, at most 10 ms): a long wait for a slow peer costs a few
+    dozen polls, not thousands, and wakes at most 5% late."""
+    from mpi4py import MPI
+
+    delay, start = 20e-6, time.perf_counter()
+    while not MPI.Request.Testall(requests):
+        time.sleep(delay)
+        delay = min(delay * 2, max(1e-3, min(10e-3, 0.05 * (time.perf_counter() - start))))
+
+
+@dataclass
+class Batch:
+    images: np.ndarray
+    meta: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.nbytes + self.meta.nbytes
+
+
+@dataclass
+class TransportStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    collective_seconds: float = 0.0      # wall time in collectives, waiting for peers included
+    collective_cpu_seconds: float = 0.0  # CPU time of the exchange thread in collectives
+    collectives: int = 0
+    copy_seconds: float = 0.0            # of which copying this rank's own block in (wall)
+    copy_cpu_seconds: float = 0.0        # and its CPU time
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """``dst[...] = src``, timed as this rank's copy into the exchange."""
+        t, c = time.perf_counter(), time.thread_time()
+        dst[...] = src
+        self.copy_seconds += time.perf_counter() - t
+        self.copy_cpu_seconds += time.thread_time() - c
+
+    def add(self, own: "Batch | None", out: "Batch") -> None:
+        """Count a collective's payload: what this rank contributed (``own``) and what it obtained
+        from the others (the rest of ``out``)."""
+        sent = own.nbytes if own is not None else 0
+        self.bytes_sent += sent
+        self.bytes_received += out.nbytes - sent
+
+    def as_dict(self) -> dict:
+        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "collective_seconds": self.collective_seconds,
+                "collective_cpu_seconds": self.collective_cpu_seconds, "collectives": self.collectives,
+                "copy_seconds": self.copy_seconds, "copy_cpu_seconds": self.copy_cpu_seconds}

@@ -1,0 +1,208 @@
+"""The exchange engine: executes a :class:`~enspipe.plan.schemes.Scheme`'s steps through a transport.
+
+A batch travels as two contiguous arrays: ``images`` (b, S, S, 3) in the wire dtype and ``meta``
+(b, 4) int64 rows of ``(id, epoch, position, label)``. Block sizes follow from the scheme; when
+corrupt records may be skipped they are exchanged first, so a preprocessor that skipped one
+simply contributes a shorter block.
+
+Transports implement three group collectives; :class:`Mpi4pyTransport` uses mpi4py's
+buffer-based (uppercase) non-blocking calls on communicators built once per run.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from enspipe.exchange.base import Batch, TransportStats, wait_quietly
+from enspipe.plan.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
+
+class BufferRing:
+    """Receive buffers allocated once and reused in turn.
+
+    Allocating a fresh batch per step costs as much CPU as the copy itself (page faults on first
+    touch). A slot is reused ``slots`` steps later, so ``slots`` must exceed the number of batches
+    alive downstream at once: the compute queue's capacity, the one being consumed and the one
+    waiting to enter the queue (``queue_depth + 2``).
+    """
+
+    def __init__(self, slots: int, max_batch: int, image_shape: tuple[int, ...], dtype):
+        self.images = [np.empty((max_batch, *image_shape), dtype) for _ in range(slots)]
+        self.meta = [np.empty((max_batch, 4), np.int64) for _ in range(slots)]
+        self.next = 0
+
+    def take(self, n: int) -> Batch:
+        i, self.next = self.next, (self.next + 1) % len(self.images)
+        if n > len(self.meta[i]):
+            raise ValueError(f"a batch of {n} exceeds the receive buffers' {len(self.meta[i])}")
+        return Batch(self.images[i][:n], self.meta[i][:n])
+
+
+class Mpi4pyTransport:
+    """Group collectives on mpi4py communicators (the paper's "Horovod Groups" on plain MPI).
+
+    Each collective takes the block sizes when the caller knows them (every preprocessor
+    contributes its full share) and exchanges them first when it does not (a preprocessor that
+    skipped corrupt images sends a shorter block).
+
+    With ``node_shm`` (the default) a group assembles its batches in node-shared memory
+    (:mod:`enspipe.exchange.shm`): within a node nothing is copied but each contributed block, once;
+    across nodes one leader per node all-gathers the node's part. Without it (or where the
+    shared window does not fit in /dev/shm, or a group's nodes interleave) the group uses the
+    MPI collectives themselves (all-gather-v, broadcast, concurrent broadcasts) into a
+    :class:`BufferRing`. ``paths`` records which each group used.
+
+    Byte counts are payload bytes: what a rank contributes (sent) and what it obtains from
+    others (received), independent of the MPI library's algorithm.
+    """
+
+    name = "mpi4py"
+
+    def __init__(self, comm, groups: list[tuple[int, ...]], image_shape: tuple[int, ...], dtype,
+                 max_batch: int, queue_depth: int, node_shm: bool = True, events=None):
+        from mpi4py import MPI
+
+        from enspipe.exchange import shm
+
+        self.MPI, self.rank = MPI, comm.Get_rank()
+        self.image_shape, self.dtype = tuple(image_shape), np.dtype(dtype)
+        self.image_size = int(np.prod(self.image_shape))
+        self.stats = TransportStats()
+        self.comms, self.windows, self.paths = {}, {}, {}
+        need = shm.window_bytes(shm.slots_for(queue_depth), max_batch, self.image_shape, self.dtype)
+        for g in groups:  # every rank splits for every group, in the same order
+            c = comm.Split(0 if self.rank in g else MPI.UNDEFINED, key=self.rank)
+            if c == MPI.COMM_NULL:
+                continue
+            self.comms[g] = c
+            path, why = "mpi", "--no-node-shm"
+            if node_shm:
+                layout = shm.NodeLayout(MPI, c)
+                free = shm.shm_free_bytes()
+                fits = free is None or free >= need * 1.1
+                ok = c.allreduce(bool(layout.contiguous and fits), op=MPI.LAND)
+                if ok:
+                    self.windows[g] = shm.NodeBatchWindow(MPI, c, layout, shm.slots_for(queue_depth), max_batch,
+                                                          self.image_shape, self.dtype, self._wait, self.stats)
+                    path = "node-shm" if len(set(layout.node_of)) == 1 else "node-shm+mpi"
+                else:
+                    layout.free()
+                    why = ("a node's /dev/shm is too small for the shared batches" if not fits or layout.contiguous
+                           else "the group's ranks interleave across nodes")
+            self.paths[g] = path
+            if events is not None:
+                events.log("exchange_path", group=list(g), path=path,
+                           **({"reason": why} if path == "mpi" else {"window_bytes": need}))
+        self.ring = (BufferRing(queue_depth + 2, max_batch, self.image_shape, self.dtype)
+                     if len(self.windows) < len(self.comms) else None)
+
+    def _wait(self, requests) -> None:
+        wait_quietly(requests)
+
+    def _counts(self, c, mine: int, known: list[int] | None) -> np.ndarray:
+        if known is not None:
+            return np.asarray(known, np.int64)
+        counts = np.empty(c.Get_size(), np.int64)
+        self._wait([c.Iallgather(np.array([mine], np.int64), counts)])
+        return counts
+
+    def _assemble(self, group, mine: Batch | None, counts: np.ndarray) -> Batch:
+        out = self.windows[group].assemble(mine, counts)
+        self.stats.add(mine if counts[self.comms[group].Get_rank()] else None, out)
+        return out
+
+    def allgatherv(self, group: tuple[int, ...], mine: Batch, counts: list[int] | None = None) -> Batch:
+        c = self.comms[group]
+        counts = self._counts(c, len(mine), counts)
+        if group in self.windows:
+            return self._assemble(group, mine, counts)
+        out = self.ring.take(int(counts.sum()))
+        self._wait([c.Iallgatherv(mine.meta, [out.meta, (counts * 4).tolist()]),
+                    c.Iallgatherv(mine.images, [out.images, (counts * self.image_size).tolist()])])
+        self.stats.add(mine, out)
+        return out
+
+    def broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None, count: int | None = None) -> Batch:
+        c, local_root = self.comms[group], group.index(root)
+        if count is None:
+            n = np.array([len(batch) if self.rank == root else 0], np.int64)
+            self._wait([c.Ibcast(n, root=local_root)])
+            count = int(n[0])
+        if group in self.windows:
+            counts = np.zeros(c.Get_size(), np.int64)
+            counts[local_root] = count
+            return self._assemble(group, batch if self.rank == root else None, counts)
+        out = batch if self.rank == root else self.ring.take(count)
+        self._wait([c.Ibcast(out.meta, root=local_root), c.Ibcast(out.images, root=local_root)])
+        self.stats.add(out if self.rank == root else None, out)
+        return out
+
+    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None,
+                         counts: list[int] | None = None) -> Batch:
+        c = self.comms[group]
+        counts = self._counts(c, len(mine) if mine is not None else 0, counts)
+        local_roots = [group.index(r) for r in roots]
+        if group in self.windows:
+            only_roots = np.zeros_like(counts)
+            only_roots[local_roots] = counts[local_roots]
+            return self._assemble(group, mine, only_roots)
+        out = self.ring.take(int(counts[local_roots].sum()))
+        requests, offset = [], 0
+        for r, lr in zip(roots, local_roots):
+            block = Batch(out.images[offset:offset + counts[lr]], out.meta[offset:offset + counts[lr]])
+            if r == self.rank:
+                self.stats.copy(block.images, mine.images)
+                self.stats.copy(block.meta, mine.meta)
+            requests += [c.Ibcast(block.meta, root=lr), c.Ibcast(block.images, root=lr)]
+            offset += int(counts[lr])
+        self._wait(requests)
+        self.stats.add(mine, out)
+        return out
+
+    def close(self) -> None:
+        for w in self.windows.values():
+            w.free()
+        for c in self.comms.values():
+            c.Free()
+        self.comms, self.windows = {}, {}
+
+
+class ExchangeEngine:
+    """Runs a scheme's steps for one rank: ``run(my_block_or_None) -> the full batch``.
+
+    With ``fixed_blocks`` every preprocessor contributes exactly its share of each global batch of
+    ``batch`` samples, so block sizes follow from the scheme and are not exchanged; without it
+    (corrupt records may be skipped) each collective first exchanges them.
+    """
+
+    def __init__(self, scheme: Scheme, rank: int, transport, batch: int, fixed_blocks: bool):
+        self.scheme, self.rank, self.transport = scheme, rank, transport
+        self.batch, self.fixed_blocks = batch, fixed_blocks
+
+    def _sizes(self, ranks) -> list[int] | None:
+        if not self.fixed_blocks:
+            return None
+        return [hi - lo for lo, hi in (self.scheme.share(r, self.batch) for r in ranks)]
+
+    def run(self, mine: Batch | None) -> Batch:
+        batch = mine
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        for step in self.scheme.steps:
+            if self.rank not in step.group:
+                continue
+            if isinstance(step, Gather):
+                batch = self.transport.allgatherv(step.group, batch, self._sizes(step.group))
+            elif isinstance(step, Broadcast):
+                sizes = self._sizes(self.scheme.preprocessors)
+                batch = self.transport.broadcast(step.group, step.root, batch, sum(sizes) if sizes else None)
+            elif isinstance(step, BlockBroadcasts):
+                batch = self.transport.block_broadcasts(step.group, step.roots, batch, self._sizes(step.group))
+            else:  # pragma: no cover - schemes are built by make_scheme
+                raise TypeError(f"unknown step {step!r}")
+        if self.scheme.steps:
+            self.transport.stats.collective_seconds += time.perf_counter() - t0
+            self.transport.stats.collective_cpu_seconds += time.thread_time() - cpu0
+            self.transport.stats.collectives += 1
+        if batch is None:
+            raise RuntimeError(f"rank {self.rank}: scheme {self.scheme.name} left this member without a batch")
+        return batch

@@ -1,0 +1,49 @@
+"""The psutil fallback of the CPU monitor, for nodes without ``mpstat``.
+
+    python -m enspipe.measure.cpusampler INTERVAL > psutil-cpu.<host>.jsonl
+
+Prints, every INTERVAL seconds until SIGINT/SIGTERM, one JSON line per core with mpstat's fields
+(percentages over the interval that just ended) and the Unix time ``t`` of the sample.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+import time
+
+FIELD_MAP = {"usr": "user", "nice": "nice", "sys": "system", "iowait": "iowait", "irq": "irq",
+             "soft": "softirq", "steal": "steal", "guest": "guest", "gnice": "guest_nice", "idle": "idle"}
+
+
+def rows(per_cpu, t: float, host: str) -> list[dict]:
+    out = []
+    for cpu, times in enumerate(per_cpu):
+        out.append({"host": host, "cpu": str(cpu), "t": t,
+                    **{k: round(getattr(times, v, 0.0), 2) for k, v in FIELD_MAP.items()}})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    import psutil
+
+    interval = float(argv[0]) if argv else 1.0
+    host = socket.gethostname()
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(True))
+    psutil.cpu_times_percent(percpu=True)  # the first call only sets the reference point
+    next_t = time.time() + interval
+    while not stop:
+        time.sleep(max(0.0, next_t - time.time()))
+        if stop:
+            break
+        for r in rows(psutil.cpu_times_percent(percpu=True), time.time(), host):
+            print(json.dumps(r), flush=True)
+        next_t += interval
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

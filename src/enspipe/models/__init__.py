@@ -1,0 +1,1 @@
+"""The networks the members train: registry (``networks``) and their Keras definitions."""

@@ -1,0 +1,172 @@
+"""The experiment grid: which cells a workflow config asks for, their paths and their arguments.
+
+A config (``config/*.yaml``, validated by ``workflow/schemas/config.schema.yaml``) names
+experiments, each a product of networks x schemes x n x p x core limits for one consumer, run
+``repeats`` times (the experiment's own, else the config's). :func:`expand` turns them into valid
+:class:`Cell` s: P is the number of preprocessors where the scheme has one (single_broadcast needs
+1 <= P < N, multi_broadcast 1 <= P <= N) and N for baseline and All-Shared; a batch must be at
+least P. Invalid combinations are left out and reported; an experiment with no valid cell is an
+error naming it and the rule.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from enspipe.plan.schemes import make_scheme
+
+RUNS = "results/runs"
+CELL_PATTERN = RUNS + "/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}/summary.json"
+CELL_RE = re.compile(r"results/runs/(?P<network>\w+)/(?P<scheme>\w+)/n(?P<n>\d+)_p(?P<p>\d+)/c(?P<cores>\d+|all)/"
+                     r"(?P<consumer>\w+)/rep(?P<rep>\d+)/summary\.json$")
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    network: str
+    scheme: str
+    n: int
+    p: int
+    cores: str  # a number of cores per member, or "all"
+    consumer: str
+    rep: int
+
+    @property
+    def path(self) -> str:
+        return CELL_PATTERN.format(**self.__dict__)
+
+    @property
+    def name(self) -> str:
+        """The short form: ``network/scheme/nN_pP/cC/consumer/repR``."""
+        return self.path[len(RUNS) + 1:-len("/summary.json")]
+
+    @classmethod
+    def from_path(cls, path: str) -> "Cell":
+        m = CELL_RE.search(path)
+        if not m:
+            raise ValueError(f"{path!r} is not a cell path like {CELL_PATTERN}")
+        d = m.groupdict()
+        return cls(d["network"], d["scheme"], int(d["n"]), int(d["p"]), d["cores"], d["consumer"], int(d["rep"]))
+
+
+def _cores(c) -> str:
+    return "all" if c in (None, "all") else str(int(c))
+
+
+def batch_size(config: dict, network: str) -> int:
+    return int(config["networks"][network]["batch_size"])
+
+
+class GridError(ValueError):
+    """An experiment of the config yields no valid cell; the message names it and the rule."""
+
+
+def expand(config: dict) -> tuple[list[Cell], list[str]]:
+    """Every valid cell of every experiment, without duplicates, in a stable order, and one note per
+    experiment whose product had invalid combinations (how many were dropped, by which rule).
+
+    Raises :class:`GridError` for an experiment that yields no valid cell at all."""
+    out: set[Cell] = set()
+    notes: list[str] = []
+    for name, exp in config["experiments"].items():
+        made, dropped = set(), {}
+        for network in exp["networks"]:
+            batch = batch_size(config, network)
+            for scheme in exp["schemes"]:
+                for n in exp["n"]:
+                    ps = [n] if scheme in IMPLIED_P else exp.get("p") or [None]
+                    for p in ps:
+                        why = invalid(scheme, n, p, batch)
+                        if why:
+                            dropped.setdefault(why, []).append(f"{network} {scheme} n={n} p={p}")
+                            continue
+                        for cores in exp.get("cores", ["all"]):
+                            for rep in range(int(exp.get("repeats", config.get("repeats", 1)))):
+                                made.add(Cell(network, scheme, n, p, _cores(cores), exp["consumer"], rep))
+        rules = "; ".join(f"{why}: {', '.join(combos)}" for why, combos in dropped.items())
+        if not made:
+            raise GridError(f"experiments.{name}: no valid cell: {rules}")
+        if dropped:
+            k = sum(map(len, dropped.values()))
+            notes.append(f"experiments.{name}: {k} invalid combination{'s' * (k > 1)} left out ({rules})")
+        out |= made
+    return sorted(out), notes
+
+
+def cells(config: dict) -> list[Cell]:
+    """Every valid cell of every experiment (see :func:`expand`)."""
+    return expand(config)[0]
+
+
+IMPLIED_P = ("baseline", "all_shared")  # every member preprocesses: P = N
+
+
+def invalid(scheme: str, n: int, p: int | None, batch: int) -> str | None:
+    """Why a combination is not a cell (the scheme's rule, as its error states it), or None."""
+    from enspipe.plan.config import ConfigError
+
+    try:
+        make_scheme(scheme, n, None if scheme in IMPLIED_P else p, batch)
+    except ConfigError as e:
+        return e.problem
+    return None
+
+
+def valid(scheme: str, n: int, p: int, batch: int) -> bool:
+    return invalid(scheme, n, p, batch) is None
+
+
+def calibrations(config: dict) -> list[tuple[str, str]]:
+    """(network, cores) pairs whose preprocessing rate rp the grid needs: every core limit a
+    cell uses, and full cores wherever an emulated accelerator's rate is relative to rp."""
+    every = cells(config)
+    pairs = {(c.network, c.cores) for c in every}
+    pairs |= {(c.network, "all") for c in every if c.consumer == "emulated"}
+    return sorted(pairs)
+
+
+def trained_networks(config: dict) -> list[str]:
+    """Networks trained for real somewhere in the grid whose rc is not configured: their rc is
+    measured (``enspipe calibrate-rc``) on the accelerator the cells train on."""
+    nets = {c.network for c in cells(config) if c.consumer == "train"}
+    return sorted(n for n in nets if config["networks"][n].get("rc") is None)
+
+
+def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
+    """``enspipe run`` arguments for a cell (without --data/--out), every value a string."""
+    args = ["--network", cell.network, "--scheme", cell.scheme, "--consumer", cell.consumer,
+            "--batch-size", str(batch_size(config, cell.network)), "--image-size", str(config["image_size"]),
+            "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
+            "--seed", str(int(config.get("seed", 0)) + cell.rep),
+            "--monitor-interval", str(config.get("monitor_interval", 1))]
+    if cell.scheme not in IMPLIED_P:
+        args += ["--preprocessors", str(cell.p)]
+    if cell.cores != "all":
+        args += ["--cores", cell.cores]
+    if cell.consumer == "emulated":
+        if rate is None:
+            raise ValueError(f"{cell.name}: the emulated consumer needs a rate")
+        args += ["--rate", f"{rate:.6g}"]
+    power = config.get("power", {})
+    args += ["--power", ",".join(power.get("sources", ["auto"])),
+             "--idle-watts", str(power.get("idle_watts", 50)), "--watts-per-core", str(power.get("watts_per_core", 10))]
+    if power.get("csv"):
+        args += ["--power-csv", str(power["csv"])]
+    return args
+
+
+def shell_args(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def accelerator_rate(config: dict, network: str, rp_full: float | None) -> tuple[float, str]:
+    """The emulated accelerator's rate rc for a network and where it came from: an absolute
+    ``rc`` (images/s, e.g. from a real accelerator's calibration), else ``rc_ratio`` times the
+    calibrated full-core preprocessing rate of one member."""
+    net = config["networks"][network]
+    if net.get("rc") is not None:
+        return float(net["rc"]), "configured rc (images/s)"
+    if rp_full is None:
+        raise ValueError(f"networks.{network}: rc_ratio needs the calibrated preprocessing rate")
+    return float(net["rc_ratio"]) * rp_full, f"rc_ratio {net['rc_ratio']} x calibrated rp {rp_full:.1f} images/s"

@@ -1,0 +1,188 @@
+"""One tidy table of all cells: a row per cell summary, with what every later table and figure needs.
+
+Members' per-rank numbers are reduced to the cell (means, spreads, sums); every row keeps the
+labels that say where its numbers came from (``accelerator``: measured / emulated / none;
+``energy_source`` and ``energy_modelled``; ``cpu_source``) and on what machine, and how it ran:
+``oversubscribed`` (members on fewer cores than members x cores per member), whether its window
+opened in the steady state and describes the work done in it (``window_balance``: images
+preprocessed inside the window over those it needed, 1.0 ideally).
+
+CPU comes twice: the node's (``node_cpu_*``, mpstat, the paper's measure: everything on the
+node) and the cell's own processes' (``process_cpu_*``); ``node_quiet`` says whether they agree
+within :data:`QUIET_TOLERANCE`. Each shared cell's CPU reduction against the baseline of the same
+network, consumer, n and core limit is checked against its ceiling: sharing between n members
+saves at most n x, so a reduction above ``n * (1 + ceiling_tolerance)`` is a measuring error and
+is flagged (``exceeds_ceiling``), never silently plotted. The tolerance is the table's own noise
+(:func:`ceiling_tolerance`): one repeat of a cell on a small shared machine differs from the
+next by several percent, so a single-repeat reduction of 2.1x at n = 2 is noise, not a bug.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from enspipe.common.atomic import atomic_open
+from enspipe.plan.grid import Cell
+
+ROW_COLUMNS = (  # one cell's own summary (cell_row)
+    "cell", "network", "scheme", "n", "p", "cores", "consumer", "rep",
+    "accelerator", "emulated", "rate", "batch_size", "image_size", "steps", "warmup", "wire_dtype", "transport",
+    "exchange_path", "window_seconds",
+    "images_per_member", "images_per_second_per_member", "images_per_second_min", "images_per_second_max",
+    "runtime_mean", "runtime_std", "runtime_min", "runtime_max", "step_time_p50", "wait_time_mean",
+    "process_cpu_seconds", "process_cpu_seconds_per_image", "node_cpu_seconds", "node_cpu_seconds_per_image",
+    "per_core_busy_mean", "cpu_source", "collective_cpu_seconds", "collective_seconds_mean", "bytes_sent",
+    "energy_joules", "energy_above_idle_joules", "mean_watts", "energy_source", "energy_modelled",
+    "idle_watts", "idle_source", "energy_modelled_joules",
+    "queue_preprocessing_mean", "queue_compute_mean", "epochs_exact", "hosts", "machine", "summary",
+    "warmup_steps", "steady", "window_balance", "starved_fraction",
+    "members_per_host", "host_cpus", "cores_per_member", "oversubscribed", "node_vs_process_cpu", "node_quiet",
+)
+COLUMNS = ROW_COLUMNS + (  # and against its baseline (add_reductions)
+    "reduction_ceiling", "ceiling_tolerance", "cpu_reduction_node", "cpu_reduction_process", "exceeds_ceiling",
+)
+QUIET_TOLERANCE = 0.20     # node CPU within 20% of the cell's processes' CPU: nothing else ran
+CEILING_TOLERANCE = 0.05      # a reduction above n by more than this (or the repeats' noise) is a measuring error
+MAX_CEILING_TOLERANCE = 0.15  # however noisy the repeats, never more than this
+BASELINE_KEY = ["network", "consumer", "n", "cores", "batch_size", "image_size"]
+
+
+def cell_row(path: str, s: dict) -> dict:
+    """The table row of one cell's summary."""
+    cell = Cell.from_path(path)
+    ranks = s["ranks"]
+    rates = [r["images_per_second"] for r in ranks]
+    runtimes = [r["seconds"] for r in ranks]
+    images = float(np.mean([r["images"] for r in ranks]))  # delivered per member
+    node_cpu = s.get("node_cpu_seconds_total")
+    busy = [v for host in (s.get("per_core_busy_percent") or {}).values() for v in host.values()]
+    want = s["dataset"]["digest"]
+    done = [e for r in ranks for e in r["epochs"]]  # None: no member completed an epoch to check
+    exact = all(e["digest"] == want and e["missing"] == 0 for e in done) if done else None
+    paths = sorted({p for r in ranks for p in r.get("exchange_paths", {}).values()})
+    occ = [r.get("queue_occupancy") or {} for r in ranks]
+    return {
+        "cell": cell.name, "network": cell.network, "scheme": cell.scheme, "n": cell.n, "p": cell.p,
+        "cores": cell.cores, "consumer": cell.consumer, "rep": cell.rep,
+        "accelerator": s["accelerator"], "emulated": s["emulated"], "rate": s.get("rate"),
+        "batch_size": s["batch_size"], "image_size": s["image_size"], "steps": s["steps"], "warmup": s["warmup"],
+        "wire_dtype": s["wire_dtype"], "transport": s["transport"], "exchange_path": "+".join(paths) or "none",
+        "window_seconds": (s.get("measured_window") or {}).get("seconds"),
+        "images_per_member": images, "images_per_second_per_member": s["images_per_second_per_member"],
+        "images_per_second_min": min(rates), "images_per_second_max": max(rates),
+        "runtime_mean": float(np.mean(runtimes)), "runtime_std": float(np.std(runtimes)),
+        "runtime_min": min(runtimes), "runtime_max": max(runtimes),
+        "step_time_p50": float(np.mean([r["step_time_p50"] for r in ranks])),
+        "wait_time_mean": float(np.mean([r["wait_time_mean"] for r in ranks])),
+        "process_cpu_seconds": s["cpu_seconds_total"],
+        "process_cpu_seconds_per_image": s["cpu_seconds_total"] / images / cell.n if images else None,
+        "node_cpu_seconds": node_cpu,
+        "node_cpu_seconds_per_image": node_cpu / images / cell.n if node_cpu is not None and images else None,
+        "per_core_busy_mean": float(np.mean(busy)) if busy else None, "cpu_source": s.get("cpu_source"),
+        "collective_cpu_seconds": float(sum(r["collective_cpu_seconds"] for r in ranks)),
+        "collective_seconds_mean": float(np.mean([r["collective_seconds"] for r in ranks])),
+        "bytes_sent": int(sum(r["bytes_sent"] for r in ranks)),
+        "energy_joules": s.get("energy_joules"), "energy_above_idle_joules": s.get("energy_above_idle_joules"),
+        "mean_watts": s.get("mean_watts"), "energy_source": s.get("energy_source"),
+        "energy_modelled": s.get("energy_modelled"), "idle_watts": s.get("idle_watts"),
+        "idle_source": s.get("idle_source"), "energy_modelled_joules": (s.get("energy_by_source") or {}).get("modelled"),
+        "queue_preprocessing_mean": _mean([o.get("preprocessing", {}).get("mean") for o in occ]),
+        "queue_compute_mean": _mean([o.get("compute", {}).get("mean") for o in occ]),
+        "epochs_exact": exact, "hosts": ",".join(sorted({r["host"] for r in ranks})),
+        "machine": _machine(s), "summary": path,
+        **_window(s), **_placement(s, ranks), **_quiet(node_cpu, s["cpu_seconds_total"]),
+    }
+
+
+def _window(s: dict) -> dict:
+    w = s.get("window") or {}
+    return {"warmup_steps": w.get("warmup_steps"), "steady": w.get("steady"), "window_balance": w.get("balance"),
+            "starved_fraction": w.get("starved_fraction")}
+
+
+def _placement(s: dict, ranks: list[dict]) -> dict:
+    """Members per host, the host's cores, the cores a member really has (its limit, or its share
+    of the host when members outnumber them) and whether members share cores."""
+    p = s.get("placement") or {}
+    members, cpus = p.get("members_per_host"), p.get("host_cpus")
+    share = cpus / members if members and cpus else None
+    limit = s.get("cores") or cpus
+    return {"members_per_host": members, "host_cpus": cpus,
+            "cores_per_member": min(limit, share) if share and limit else None,
+            "oversubscribed": p.get("oversubscribed", any(r.get("sharing_cores") for r in ranks))}
+
+
+def _quiet(node_cpu: float | None, process_cpu: float) -> dict:
+    if node_cpu is None or not process_cpu:
+        return {"node_vs_process_cpu": None, "node_quiet": None}
+    ratio = node_cpu / process_cpu
+    return {"node_vs_process_cpu": ratio, "node_quiet": bool(abs(ratio - 1) <= QUIET_TOLERANCE)}
+
+
+def ceiling_tolerance(df) -> float:
+    """How far above the ceiling n a reduction may measure before it counts as a measuring error:
+    the noise of this table's own repeats (over every cell repeated at least 3 times, the largest
+    repeat's distance from its cell's median process CPU per delivered image), at least
+    :data:`CEILING_TOLERANCE` and at most :data:`MAX_CEILING_TOLERANCE`."""
+    col = "process_cpu_seconds_per_image"
+    key = [k for k in ("network", "scheme", "n", "p", "cores", "consumer", "batch_size", "image_size") if k in df]
+    noise = 0.0
+    if len(df) and col in df:
+        for _, g in df.dropna(subset=[col]).groupby(key, dropna=False):
+            if len(g) >= 3:
+                v = g[col].to_numpy(float)
+                noise = max(noise, float(np.max(np.abs(v / np.median(v) - 1))))
+    return float(min(max(noise, CEILING_TOLERANCE), MAX_CEILING_TOLERANCE))
+
+
+def add_reductions(df):
+    """Each non-baseline cell's CPU reduction against the baseline (mean over its repeats) of the
+    same network, consumer, n, core limit, batch and image size, by node and by process CPU, and
+    whether either breaks the ceiling of n (with :func:`ceiling_tolerance`)."""
+    per_image = {"node": "node_cpu_seconds_per_image", "process": "process_cpu_seconds_per_image"}
+    base = df[df["scheme"] == "baseline"].groupby(BASELINE_KEY, as_index=False)[list(per_image.values())].mean()
+    ref = df[BASELINE_KEY].merge(base, on=BASELINE_KEY, how="left")  # row order kept
+    shared = (df["scheme"] != "baseline").to_numpy()
+    out = df.copy()
+    for kind, col in per_image.items():
+        out[f"cpu_reduction_{kind}"] = (ref[col].to_numpy(float) / df[col].to_numpy(float)).round(6)
+        out.loc[~shared, f"cpu_reduction_{kind}"] = float("nan")
+    has = shared & out[["cpu_reduction_node", "cpu_reduction_process"]].notna().any(axis=1).to_numpy()
+    tol = ceiling_tolerance(df)
+    limit = df["n"] * (1 + tol)
+    above = (out["cpu_reduction_node"] > limit) | (out["cpu_reduction_process"] > limit)
+    out["reduction_ceiling"] = df["n"].where(has)
+    out["ceiling_tolerance"] = np.where(has, tol, np.nan)
+    out["exceeds_ceiling"] = above.where(has)
+    return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else None
+
+
+def _machine(s: dict) -> str:
+    m = s.get("machine") or {}
+    return f"{m.get('cpu_model', '?')} ({m.get('cpus', '?')} CPUs), {m.get('gpus') or 'no GPU'}"
+
+
+def collect(paths: list[str]):
+    """The tidy table (a pandas DataFrame) of the given cell summaries, sorted by cell."""
+    import pandas as pd
+
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows.append(cell_row(path, json.load(f)))
+    df = pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+    return add_reductions(df)[list(COLUMNS)].sort_values("cell").reset_index(drop=True)
+
+
+def write_cells_csv(df, path: str) -> None:
+    """The table as ``path``, written atomically."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with atomic_open(path, newline="") as f:
+        df.to_csv(f, index=False)

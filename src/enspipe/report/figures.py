@@ -1,0 +1,333 @@
+"""The paper's figures and tables from the tidy table of cells (``results/tables/cells.csv``).
+
+:func:`render` writes every output of :data:`OUTPUTS` into one folder: figures as PNG and PDF,
+tables as CSV and Markdown. Each says where its numbers came from (measured / emulated
+accelerator / modelled power) and on what machine; where the grid produced no data for one, it
+says so in its place instead of failing. The data come from :mod:`enspipe.report.tables`, the paper
+comparison from :mod:`enspipe.report.findings`.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+
+from enspipe.report import findings, tables
+from enspipe.common.atomic import atomic_open
+from enspipe.report.tables import provenance, scheme_order
+
+FIG, TAB = ("png", "pdf"), ("csv", "md")
+OUTPUTS: dict[str, tuple[str, ...]] = {
+    "fig03_queue_occupancy": FIG,
+    "fig04_core_utilisation": FIG,
+    "table1_solo_vs_parallel": TAB,
+    "table2_core_usage": TAB,
+    "fig10a_peak_full_cores": FIG,
+    "fig10b_peak_core_limit": FIG,
+    "fig11_broadcast_cpu": FIG + TAB,
+    "fig12_cpu_reduction": FIG + TAB,
+    "fig13_core_limit_speedup": FIG + TAB,
+    "table3_slowdown_1core": TAB,
+    "table4_idle_power": TAB,
+    "table5_energy": TAB,
+    "fig14_power_over_time": FIG,
+    "paper_vs_run": TAB,
+}
+
+
+# -- writing --------------------------------------------------------------------------------------
+def write_table(df: pd.DataFrame, path_stem: str, caption: str) -> None:
+    """``<stem>.csv`` and ``<stem>.md`` (with the caption; "no data" where the table is empty),
+    each written atomically."""
+    os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
+    with atomic_open(path_stem + ".csv", newline="") as f:
+        df.to_csv(f, index=False)
+    body = _markdown(df) if not df.empty else "*No data: the grid has no cells for this table.*"
+    with atomic_open(path_stem + ".md") as f:
+        f.write(f"{caption}\n\n{body}\n")
+
+
+def _markdown(df: pd.DataFrame) -> str:
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return "" if np.isnan(v) else f"{v:.3g}"
+        return str(v).replace("|", "/")
+
+    rows = [" | ".join(map(str, df.columns)), " | ".join("---" for _ in df.columns)]
+    rows += [" | ".join(cell(v) for v in r) for r in df.itertuples(index=False)]
+    return "\n".join(f"| {r} |" for r in rows)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path_stem: str, note: str) -> None:
+    fig.text(0.01, -0.02, note, fontsize=7, color="0.35", ha="left", va="top", wrap=True)
+    for ext in FIG:
+        fig.savefig(f"{path_stem}.{ext}", dpi=130, bbox_inches="tight")
+    _plt().close(fig)
+
+
+def _no_data(path_stem: str, title: str, why: str) -> None:
+    fig, ax = _plt().subplots(figsize=(6, 2.5))
+    ax.axis("off")
+    ax.text(0.5, 0.6, title, ha="center", fontsize=11, weight="bold")
+    ax.text(0.5, 0.35, f"No data: {why}", ha="center", fontsize=10)
+    _save(fig, path_stem, "")
+
+
+def _panels(k: int, width: float = 5.0, height: float = 3.8):
+    fig, axes = _plt().subplots(1, k, figsize=(width * k, height), squeeze=False, layout="constrained")
+    return fig, axes[0]
+
+
+# -- figures --------------------------------------------------------------------------------------
+def queue_figure(df: pd.DataFrame, path_stem: str) -> None:
+    """Fig. 3: preprocessing- and compute-queue fill over the steps of one member alone."""
+    title = "Fig. 3: queue occupancy, one member alone (baseline, full cores)"
+    solo = tables.solo_cells(df, "all").sort_values(["network", "rep"]).drop_duplicates("network")
+    if solo.empty:
+        return _no_data(path_stem, title, "the grid has no single-member baseline cells at full cores")
+    fig, axes = _panels(len(solo))
+    for ax, (_, row) in zip(axes, solo.iterrows()):
+        q = tables.queue_series(row)
+        for name, style in (("preprocessing", "-"), ("compute", "--")):
+            ax.plot(q["step"], q[name], style, label=f"{name} queue")
+        warm = q[~q["measured"]]["step"]
+        if len(warm):
+            ax.axvspan(warm.min() - 0.5, warm.max() + 0.5, color="0.9", label="warm-up")
+        ax.set(title=f"{row['network']} (batch {row['batch_size']}, {row['accelerator']} accelerator)",
+               xlabel="step", ylabel="queue fill (fraction of capacity)", ylim=(-0.05, 1.05))
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    _save(fig, path_stem, provenance(solo))
+
+
+def utilisation_figure(df: pd.DataFrame, path_stem: str) -> None:
+    """Fig. 4: each core's utilisation over time, one member alone, per core limit."""
+    title = "Fig. 4: per-core utilisation, one member alone (baseline)"
+    solo = tables.solo_cells(df).sort_values(["network", "rep"])
+    solo = solo[solo["network"] == solo["network"].iloc[0]] if len(solo) else solo
+    solo = solo.drop_duplicates("cores").sort_values("cores", key=lambda c: c.map(lambda v: (v == "all", v)))
+    if solo.empty:
+        return _no_data(path_stem, title, "the grid has no single-member baseline cells")
+    fig, axes = _panels(len(solo))
+    for ax, (_, row) in zip(axes, solo.iterrows()):
+        cpu, marks = tables.core_series(row)
+        for core, g in cpu.groupby("cpu", sort=False):
+            ax.plot(g["seconds"], g["busy"], lw=1, label=f"core {core}")
+        for key in ("measure_start", "measure_end"):
+            ax.axvline(marks[key] - marks["launch"], color="k", ls=":", lw=0.8)
+        u = tables.utilisation(cpu, marks)
+        after = f"{u['after_startup']:.1f}%" if u["after_startup"] is not None else "n/a"
+        limit = "all cores" if row["cores"] == "all" else f"{row['cores']}-core limit"
+        ax.set(title=f"{row['network']}, {limit}\nmean {u['whole_run']:.1f}% (whole run), {after} (measured window)",
+               xlabel="seconds since launch (dotted: measured window)", ylabel="busy %", ylim=(-2, 102))
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    _save(fig, path_stem, provenance(solo) + f"; CPU source: {'/'.join(sorted(set(solo['cpu_source'].astype(str))))}")
+
+
+def peak_figure(df: pd.DataFrame, rates: dict | None, path_stem: str, limited: bool) -> None:
+    """Fig. 10a/b: peak(n) per scheme and P, one panel per network (and core limit), each
+    network's accelerator rate rc as a horizontal line; points are medians over repeats, bars
+    their min-max range."""
+    import seaborn as sns
+
+    which = "a core limit per member" if limited else "full cores"
+    title = f"Fig. 10{'b' if limited else 'a'}: peak preprocessing throughput peak(n), {which}"
+    cells = tables.peak_cells(df, limited)
+    if cells.empty:
+        return _no_data(path_stem, title, f"the grid has no peak-consumer cells at {which}")
+    panels = sorted(set(zip(cells["network"], cells["cores"])))
+    fig, axes = _panels(len(panels))
+    order = sorted(cells["scheme (P)"].unique(), key=scheme_order)
+    for ax, (net, cores) in zip(axes, panels):
+        d = cells[(cells["network"] == net) & (cells["cores"] == cores)]
+        sns.lineplot(d, x="n", y="images_per_second_per_member", hue="scheme (P)", hue_order=order, marker="o",
+                     ax=ax, estimator="median", errorbar=("pi", 100), err_style="bars", err_kws={"capsize": 3})
+        rc = ((rates or {}).get("networks", {}).get(net) or {}).get("rc")
+        if rc:
+            ax.axhline(rc, color="k", ls="--", lw=1, label=f"rc {net} = {rc:.0f} img/s")
+        ax.legend(fontsize=7)
+        ax.set(title=f"{net}, cores per member: {cores}", xlabel="ensemble size n", ylabel="images/s per member",
+               xticks=sorted(d["n"].unique()))
+    reps = cells.groupby(["scheme", "p", "n", "cores"]).size()
+    spread = f"median of {reps.min()}" + (f"-{reps.max()}" if reps.max() > reps.min() else "") + \
+        " repeats per point, bars: min-max"
+    fig.suptitle(title)
+    _save(fig, path_stem, f"{spread}. {_placement_note(cells)}{provenance(cells)}")
+
+
+def _placement_note(d: pd.DataFrame) -> str:
+    """Which of the figure's cells had members sharing cores, or a node that was not quiet."""
+    notes = []
+    over = d[tables.flag(d, "oversubscribed")]
+    if len(over):
+        notes.append("members share cores (oversubscribed) at n = " + ", ".join(map(str, sorted(set(over["n"])))))
+    loud = d[~tables.flag(d, "node_quiet", default=True)]
+    if len(loud):
+        what = loud["cell"] if "cell" in loud else loud["network"] + " n=" + loud["n"].astype(str)
+        notes.append("NODE NOT QUIET (node CPU differs from the cells' own process CPU by more than 20%) in: "
+                     + ", ".join(sorted(set(what.astype(str)))))
+    return "".join(f"{n}. " for n in notes)
+
+
+def _bars(data: pd.DataFrame, x: str, y: str, hue: str, path_stem: str, title: str, ylabel: str, note: str,
+          ref: float | None = 1.0, marker: str | None = None, marker_label: str = "",
+          ceiling: str | None = None, flag: str | None = None) -> None:
+    """Grouped bars of ``y`` (one per ``x`` and ``hue``), each labelled with its value; optionally
+    a second measure of each bar as a black cross (``marker``), each bar's ceiling as a red dash,
+    and bars whose ``flag`` is set hatched (a measuring error)."""
+    xs = list(dict.fromkeys(data[x]))
+    hues = sorted(data[hue].unique(), key=scheme_order)
+    width = 0.8 / len(hues)
+    fig, ax = _plt().subplots(figsize=(min(13.0, max(6.0, 0.45 * len(xs) * max(1, len(hues)))), 4))
+    seen: set[str] = set()
+
+    def once(label: str) -> str:
+        return "_" if label in seen or seen.add(label) else label
+
+    for j, h in enumerate(hues):
+        d = data[data[hue] == h].set_index(x)
+        here = [(i, xv) for i, xv in enumerate(xs) if xv in d.index]
+        pos = np.array([i + (j - (len(hues) - 1) / 2) * width for i, _ in here])
+        rows = [d.loc[xv] for _, xv in here]
+        bars = ax.bar(pos, [r[y] for r in rows], width, label=str(h))
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        if marker:
+            ax.plot(pos, [r[marker] for r in rows], "kx", ms=6, label=once(marker_label))
+        if ceiling:
+            ax.hlines([r[ceiling] for r in rows], pos - width / 2, pos + width / 2, colors="red", linestyles="--",
+                      label=once("ceiling: n (sharing saves at most n x)"))
+        if flag:
+            for b, r in zip(bars, rows):
+                if tables.flags(pd.Series([r[flag]])).iloc[0]:
+                    b.set_hatch("//")
+                    b.set_edgecolor("red")
+                    b.set_label(once("above the ceiling: a measuring error"))
+    if ref is not None:
+        ax.axhline(ref, color="k", lw=0.8)
+    ax.set(title=title, ylabel=ylabel, xlabel="")
+    ax.set_xticks(range(len(xs)), xs)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _save(fig, path_stem, note)
+
+
+def broadcast_cpu_figure(t11: pd.DataFrame, df: pd.DataFrame, path_stem: str) -> None:
+    title = "Fig. 11: CPU of Single- and Multi-Broadcast normalised to All-Shared"
+    if t11.empty:
+        return _no_data(path_stem, title, "the grid has no All-Shared cells with Single/Multi-Broadcast peers")
+    d = t11.assign(cell=[f"{net}\n{con}, n={n}, c={c}" for net, con, n, c in
+                         zip(t11["network"], t11["consumer"], t11["n"], t11["cores"])],
+                   scheme=[tables.scheme_label(s, p) for s, p in zip(t11["scheme"], t11["p"])])
+    _bars(d, "cell", "relative_to_all_shared", "scheme", path_stem, title,
+          "node CPU-s per image / All-Shared's", _placement_note(t11) + provenance(df[df["scheme"] != "baseline"]),
+          marker="relative_process", marker_label="the cells' own process CPU")
+
+
+def pair_figure(t: pd.DataFrame, value: str, df: pd.DataFrame, path_stem: str, title: str, ylabel: str,
+                **bars) -> None:
+    """Figs. 12 and 13: All-Shared against the baseline per network, one bar per n and core limit."""
+    if t.empty:
+        return _no_data(path_stem, title, "the grid has no baseline/All-Shared pairs with an accelerator and n > 1")
+    d = t.assign(cell=[f"n={n}, cores per member: {c}" for n, c in zip(t["n"], t["cores"])])
+    _bars(d, "network", value, "cell", path_stem, title, ylabel,
+          _placement_note(t) + provenance(df.query(tables.TRAINING)), **bars)
+
+
+def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
+    """Fig. 14: node power over time, All-Shared vs baseline (AlexNet where present, full cores,
+    the largest n), from each cell's headline energy source; the idle power as a line."""
+    title = "Fig. 14: power draw, All-Shared vs baseline"
+    d = df.query(tables.TRAINING).dropna(subset=["energy_source"])
+    d = d[(d["cores"] == "all") & (d["n"] > 1) & d["scheme"].isin(["baseline", "all_shared"])]
+    pairs = [g for (net, n), g in d.groupby(["network", "n"]) if set(g["scheme"]) == {"baseline", "all_shared"}]
+    if not pairs:
+        return _no_data(path_stem, title, "the grid has no baseline/All-Shared pair at full cores with energy data")
+    pairs.sort(key=lambda g: (g["network"].iloc[0] != "alexnet_v2", -g["n"].iloc[0]))
+    d = pairs[0].sort_values("rep").drop_duplicates("scheme")
+    fig, ax = _plt().subplots(figsize=(7, 4))
+    for _, row in d.sort_values("scheme", key=lambda c: c.map(scheme_order)).iterrows():
+        p = tables.headline_power(row)
+        line, = ax.plot(p["seconds"], p["watts"], label=f"{row['scheme']} ({row['energy_source']})")
+        ax.axvline(row["window_seconds"], color=line.get_color(), ls=":", lw=0.8)
+    if idle:
+        ax.axhline(idle["watts"], color="k", ls="--", lw=1, label=f"idle {idle['watts']:.0f} W ({idle['source']})")
+    row = d.iloc[0]
+    ax.axvline(0, color="0.5", ls=":", lw=0.8)
+    ax.set(title=f"{title}\n{row['network']}, n={row['n']}, full cores",
+           xlabel="seconds since the measured window's start (dotted: its start and each end)", ylabel="watts")
+    ax.legend(fontsize=7)
+    modelled = d["energy_modelled"].astype(bool).any()
+    modelled = " MODELLED power (no meter or counter on this machine)." if modelled else ""
+    _save(fig, path_stem, provenance(d) + "." + modelled)
+
+
+# -- everything -----------------------------------------------------------------------------------
+def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_dir: str) -> list[str]:
+    """Render every output of :data:`OUTPUTS` into ``out_dir``; returns the paths written."""
+    df = tables.load(table_csv)
+    rates = _json(rates_json)
+    idle = _json(idle_json)
+    os.makedirs(out_dir, exist_ok=True)
+    stem = lambda name: os.path.join(out_dir, name)  # noqa: E731
+    train = df.query(tables.TRAINING)
+    src = provenance(train)
+    t = {"table1": tables.solo_vs_parallel(df), "table2": tables.core_usage_under_limit(df),
+         "fig11": tables.broadcast_cpu(df), "fig12": tables.cpu_reduction(df), "fig13": tables.core_limit_speedup(df),
+         "table3": tables.slowdown_at_one_core(df), "table4": tables.idle_power(idle, df), "table5": tables.energy(df)}
+
+    queue_figure(df, stem("fig03_queue_occupancy"))
+    utilisation_figure(df, stem("fig04_core_utilisation"))
+    write_table(t["table1"], stem("table1_solo_vs_parallel"),
+                "Table 1: runtime (s) of the measured steps, one member alone vs the baseline ensemble's members "
+                f"in parallel; `hosts`: nodes the members shared ({src})")
+    write_table(t["table2"], stem("table2_core_usage"),
+                "Table 2: average busy % per core in the measured window, one member alone under a core limit; "
+                "`allowed`: the member was pinned there (mpstat)")
+    peak_figure(df, rates, stem("fig10a_peak_full_cores"), limited=False)
+    peak_figure(df, rates, stem("fig10b_peak_core_limit"), limited=True)
+    broadcast_cpu_figure(t["fig11"], df, stem("fig11_broadcast_cpu"))
+    write_table(t["fig11"], stem("fig11_broadcast_cpu"),
+                f"Fig. 11 data: CPU-s per delivered image, node (mpstat) and the cells' own processes ({src})")
+    pair_figure(t["fig12"], "reduction", df, stem("fig12_cpu_reduction"),
+                "Fig. 12: CPU reduction, All-Shared vs baseline", "baseline / All-Shared (node CPU-s per image)",
+                marker="reduction_process", marker_label="by the cells' own process CPU", ceiling="n",
+                flag="exceeds_ceiling")
+    write_table(t["fig12"], stem("fig12_cpu_reduction"),
+                "Fig. 12 data: CPU-s per delivered image, node (mpstat) and the cells' own processes (`_process`); "
+                f"`exceeds_ceiling`: a reduction above n, a measuring error ({src})")
+    pair_figure(t["fig13"], "speedup", df, stem("fig13_core_limit_speedup"),
+                "Fig. 13: runtime improvement of All-Shared over the baseline under core limits",
+                "baseline runtime / All-Shared runtime")
+    write_table(t["fig13"], stem("fig13_core_limit_speedup"),
+                f"Fig. 13 data: images/s per member, and CPU-s per delivered image, node and process ({src})")
+    write_table(t["table3"], stem("table3_slowdown_1core"), f"Table 3: slowdown at 1 core vs full cores ({src})")
+    idle_src = f"{idle['source']}{' (MODELLED)' if idle.get('modelled') else ''}" if idle else "none"
+    write_table(t["table4"], stem("table4_idle_power"),
+                f"Table 4: idle power of the node (source: {idle_src}) and the largest power any cell drew")
+    write_table(t["table5"], stem("table5_energy"),
+                "Table 5: mean power during training with and without idle, and All-Shared's savings above idle "
+                f"({provenance(train.dropna(subset=['energy_source']))})")
+    power_figure(df, idle, stem("fig14_power_over_time"))
+    write_table(findings.paper_vs_run(df, t), stem("paper_vs_run"),
+                "Paper vs this run: each headline finding, the paper's numbers (16-core Titan nodes, one member per "
+                f"node), this run's, and whether it holds here ({provenance(df)})")
+    return [f"{stem(name)}.{ext}" for name, exts in OUTPUTS.items() for ext in exts]
+
+
+def _json(path: str | None) -> dict | None:
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return None

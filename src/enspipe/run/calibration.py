@@ -1,0 +1,63 @@
+"""Calibration: one member's preprocessing rate rp per network and core limit, and the emulated
+accelerator's rate rc derived from it (or configured), in one ``rates.json`` the cells read."""
+from __future__ import annotations
+
+import json
+
+from enspipe.plan.grid import accelerator_rate
+
+
+def rates(config: dict, summaries: dict[tuple[str, str], str], measured_rc: dict[str, str] | None = None) -> dict:
+    """``summaries``: (network, cores) -> the calibration run's summary.json (baseline, n = 1, peak);
+    ``measured_rc``: network -> the JSON of :func:`measure_accelerator_rate`, where the grid trains
+    on a real accelerator. rc is the configured ``rc``, else the measured one, else ``rc_ratio`` x rp."""
+    out: dict = {"networks": {}, "method": "peak images/s of one baseline member (n = 1, consumer peak)"}
+    rp: dict[str, dict[str, float]] = {}
+    machine = None
+    for (network, cores), path in sorted(summaries.items()):
+        with open(path) as f:
+            s = json.load(f)
+        rp.setdefault(network, {})[cores] = s["images_per_second_per_member"]
+        machine = machine or s.get("machine")
+    for network in config["networks"]:
+        full = rp.get(network, {}).get("all")
+        measured = None
+        if network in (measured_rc or {}):
+            with open(measured_rc[network]) as f:
+                measured = json.load(f)
+        if config["networks"][network].get("rc") is None and measured:
+            rc, source = measured["rc"], f"measured: training steps on {measured['device']}"
+        else:
+            try:
+                rc, source = accelerator_rate(config, network, full)
+            except ValueError:
+                rc, source = None, "not calibrated (no cell needs it)"
+        out["networks"][network] = {"rp": rp.get(network, {}), "rc": rc, "rc_source": source,
+                                    "rc_over_rp": rc / full if rc and full else None}
+    out["machine"] = machine
+    return out
+
+
+def measure_accelerator_rate(network: str, batch_size: int, image_size: int, steps: int, warmup: int,
+                             num_classes: int = 1000, seed: int = 0) -> dict:
+    """rc: images/s of real training steps on one fixed, already preprocessed batch (no input
+    pipeline), on the GPU when TensorFlow sees one, else the CPU. Warm-up steps are not timed."""
+    import time
+
+    import numpy as np
+
+    from enspipe.run.consumers import TrainConsumer
+
+    rng = np.random.default_rng(seed)
+    images = rng.uniform(-1, 1, (batch_size, image_size, image_size, 3)).astype(np.float32)
+    labels = rng.integers(0, num_classes, batch_size)
+    train = TrainConsumer(network, num_classes, image_size, lr=0.01, seed=seed)
+    for _ in range(warmup):
+        train.step(images, labels)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        train.step(images, labels)  # each step ends in float(loss): synchronous on a GPU too
+    seconds = time.perf_counter() - t0
+    return {"network": network, "rc": steps * batch_size / seconds, "device": train.device,
+            "batch_size": batch_size, "image_size": image_size, "steps": steps, "warmup": warmup,
+            "seconds": seconds}

@@ -1,0 +1,515 @@
+"""The per-cell program: one ensemble member per MPI rank, run under ``mpiexec``/``srun``.
+
+Each rank finds its place (host, cores) and pins itself, builds its pipeline and consumer, and
+then, read top to bottom in :func:`_run_member`:
+
+1. warm-up: unmeasured steps until every member's pipeline is in its steady state (at least
+   ``--warmup`` steps; decided together, so every member opens its window at the same step);
+2. the measured window: ``--steps`` steps, the producers running throughout;
+3. the producers stop together and what they made beyond the window is discarded;
+4. rank 0 gathers the per-rank reports and the node monitors' integrals and writes
+   ``summary.json``, last and atomically.
+
+Any failure on any rank aborts the whole job (``MPI_Abort``) after logging it, so a job never
+hangs and never leaves a summary that looks complete.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import NamedTuple
+
+import numpy as np
+
+from enspipe.plan.config import ConfigError, RunConfig
+from enspipe.plan.schemes import make_scheme
+
+SUMMARY = "summary.json"
+FAILED_SUMMARY = "summary.failed.json"  # a finished cell that broke its exactly-once promise
+
+
+def _say(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"enspipe: {msg}", flush=True)
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def run(cfg: RunConfig) -> int:
+    from enspipe.common.liveness import die_with_launcher
+
+    die_with_launcher()  # a lost node's members must not run on as orphans
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    try:
+        scheme = make_scheme(cfg.scheme, n, cfg.preprocessors, cfg.global_batch)
+    except ConfigError as e:  # every rank reaches the same verdict: no collective needed
+        if rank == 0:
+            print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+    progress = {"rank": rank, "stage": "setup", "step": None}
+    try:
+        return _run_member(cfg, comm, scheme, progress)
+    except BaseException as e:  # noqa: BLE001 - a failed rank takes the job down, fast
+        _fail(cfg, comm, progress, f"rank {rank} failed: {type(e).__name__}: {e}", traceback.format_exc())
+        return 1
+
+
+def _fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> None:
+    """Leave why next to the event logs and end the whole job: ``error.rankNNNN.txt`` (with the
+    traceback) and ``failed.rankNNNN.json`` (where the rank got to), then ``MPI_Abort``."""
+    from enspipe.common.atomic import write_json_atomic
+
+    rank = progress["rank"]
+    print(f"enspipe: error: {reason}", file=sys.stderr, flush=True)
+    try:
+        os.makedirs(cfg.out, exist_ok=True)
+        with open(os.path.join(cfg.out, f"error.rank{rank:04d}.txt"), "w") as f:
+            f.write(reason + "\n\n" + tb)
+        write_json_atomic(os.path.join(cfg.out, f"failed.rank{rank:04d}.json"),
+                          {**progress, "reason": reason, "time": time.time(), "config": cfg.to_dict()})
+    except OSError:
+        pass
+    comm.Abort(1)
+
+
+def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
+    from mpi4py import MPI
+
+    from enspipe.run.affinity import configure_tensorflow_threads, pin_process
+    from enspipe.common.liveness import Heartbeat
+    from enspipe.run.placement import place
+
+    rank, n = comm.Get_rank(), comm.Get_size()
+    where = place(comm, MPI, cfg.cores)
+    os.makedirs(cfg.out, exist_ok=True)
+    monitor = _start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
+    affinity = pin_process(where.cores)
+    threads = where.threads
+    configure_tensorflow_threads(threads)
+
+    import tensorflow as tf
+
+    heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: _fail(  # after TensorFlow's import holds the GIL
+        cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
+        timeout=cfg.peer_timeout).start()
+    from enspipe.data.ledger import EpochLedger
+    from enspipe.run.consumers import make_consumer
+    from enspipe.common.atomic import write_json_atomic
+    from enspipe.data.manifest import DataError
+    from enspipe.data.shards import (effective_shuffle_buffer, expected_keys, load_manifest, sample_ids,
+                                     verify_digest)
+    from enspipe.common.events import EventLog
+    from enspipe.exchange.engine import ExchangeEngine, Mpi4pyTransport
+    from enspipe.models.networks import NETWORKS
+    from enspipe.run.pipeline import Pipeline, quantizer
+    from enspipe.measure import cpumon, stages, threadcpu
+    from enspipe.measure.node import job_fields, write_power_table
+
+    summary_path = os.path.join(cfg.out, SUMMARY)
+    if rank == 0:  # a rerun must not leave an old summary or an old failure looking like its result
+        for old in [SUMMARY, FAILED_SUMMARY, *(f for f in os.listdir(cfg.out) if f.startswith(("failed.rank", "error.rank")))]:
+            if os.path.exists(os.path.join(cfg.out, old)):
+                os.remove(os.path.join(cfg.out, old))
+    comm.Barrier()
+    events = EventLog(cfg.out, rank)
+    preprocessing = NETWORKS[cfg.network].preprocessing
+    manifest = load_manifest(cfg.data)
+    problem = verify_digest(manifest)  # the count and the shards were checked before MPI started
+    if problem:
+        raise DataError(problem)
+    role = scheme.role(rank)
+    events.log("config", config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=role, host=where.host,
+               host_rank=where.host_rank, mpi_node=where.mpi_node, cores=affinity, sharing_cores=where.sharing_cores,
+               threads=threads, placement=where.as_dict(), preprocessing=preprocessing,
+               share=scheme.share(rank, cfg.global_batch),
+               dataset={"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
+                        "digest": manifest.digest, "synthetic": manifest.synthetic})
+    _say(rank, f"{scheme.name} n={n} p={scheme.p} {cfg.network} batch={cfg.global_batch} "
+               f"{cfg.consumer}{' (emulated accelerator)' if cfg.consumer == 'emulated' else ''} "
+               f"steps={cfg.warmup}+{cfg.steps} cores={cfg.cores or 'all'} {cfg.image_size}px"
+               f"{' OVERSUBSCRIBED' if where.oversubscribed else ''} -> {cfg.out}")
+
+    size = cfg.image_size
+    wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
+    common = (comm, scheme.groups(), (size, size, 3), wire)
+    if cfg.transport == "horovod":
+        from enspipe.exchange.horovod import HorovodTransport
+
+        transport = HorovodTransport(*common, events=events)
+    else:
+        transport = Mpi4pyTransport(*common, max_batch=cfg.global_batch, queue_depth=cfg.queue_depth,
+                                    node_shm=cfg.node_shm, events=events)
+    engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt)
+    dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
+    consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
+    seed_offset = 0 if scheme.shared else rank  # baseline members each have their own stream
+    pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=cfg.global_batch,
+                        preprocessing=preprocessing, image_size=size, threads=threads,
+                        order_seed=cfg.seed + seed_offset, prep_seed=cfg.seed + seed_offset,
+                        shuffle_buffer=cfg.shuffle_buffer, queue_depth=cfg.queue_depth,
+                        skip_corrupt=cfg.skip_corrupt, fast_mode=cfg.fast_mode, wire_dtype=cfg.wire_dtype,
+                        sample_interval=cfg.sample_interval, events=events)
+    member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images), events, progress)
+    slurm = _slurm_counter(cfg) if rank == 0 else None
+
+    # -- warm-up: unmeasured steps until every member's pipeline is in its steady state --------
+    t_start = time.time()
+    if monitor:
+        monitor.mark("warmup_start", t_start)
+    pipeline.start()
+    progress["stage"] = "warm-up"
+    warmup_steps, steady = _warm_up(cfg, comm, member)
+
+    # -- the measured window: cfg.steps steps, the producers running throughout -----------------
+    slurm_j0 = _read_slurm(slurm)  # an sstat subprocess: before the window opens
+    t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
+    comm0, prep0, clock0 = transport.stats.as_dict(), pipeline.preprocessed, pipeline.clock.snapshot()
+    if monitor:
+        monitor.mark("measure_start", wall0)
+    events.log("measure_start", step=warmup_steps, steady=steady)
+    progress["stage"] = "measured window"
+    for step in range(warmup_steps, warmup_steps + cfg.steps):
+        member.step(step, measured=True)
+    seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
+    thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
+    preprocessed, clock1 = pipeline.preprocessed - prep0, pipeline.clock.snapshot()
+    comm1 = transport.stats.as_dict()
+    exchange = {k: v - comm0[k] for k, v in comm1.items()}  # collectives in the measured window
+    slurm_j1 = _read_slurm(slurm)
+    events.log("measure_end", step=warmup_steps + cfg.steps)
+    if monitor:
+        monitor.mark("measure_end", wall1)
+
+    # -- stop the producers together (their collectives must match), discarding what is left ---
+    progress["stage"] = "stopping the producers"
+    t_stop = time.perf_counter()
+    discarded = _stop_producers(comm, pipeline)
+    pipeline.close()
+    transport.close()
+    events.log("stopped", seconds=time.perf_counter() - t_stop, discarded_batches=discarded)
+
+    progress["stage"] = "report"
+    epochs = member.ledger.completed()
+    for e in epochs:
+        events.log("epoch", **e)
+    skipped = pipeline.skipped(warmup_steps + cfg.steps)
+    short: dict[int, list[str] | None] = dict.fromkeys(member.ledger.short())
+    keys = expected_keys(manifest) if short else None
+    if keys:  # an epoch short of the manifest: the keys it lacks tell skipped from lost
+        expected = dict(zip(sample_ids(keys).tolist(), keys))
+        short = {e: member.ledger.lacking(e, expected) for e in short}
+    images = member.images
+    report = {
+        "rank": rank, "host": where.host, "role": role, "host_rank": where.host_rank, "mpi_node": where.mpi_node,
+        "cores": affinity, "sharing_cores": where.sharing_cores, "threads": threads,
+        "share": list(scheme.share(rank, cfg.global_batch)),
+        "learning_rate": cfg.lr_for(rank) if cfg.consumer == "train" else None,
+        "images": images, "images_preprocessed": preprocessed, "seconds": seconds,
+        "images_per_second": images / seconds if seconds > 0 else None,
+        "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
+        "thread_cpu_seconds": thread_cpu,
+        "stages": stages.breakdown(clock0, clock1, thread_cpu, exchange, cpu_seconds),
+        "step_time_p50": _percentile(member.step_times, 50), "step_time_p95": _percentile(member.step_times, 95),
+        "wait_time_mean": float(np.mean(member.waits)) if member.waits else None,
+        "starved_fraction": member.starved / cfg.steps,
+        "queue_occupancy": pipeline.occupancy_stats(wall0, wall1),
+        "epochs": epochs, "partial_epoch": member.ledger.partial(),
+        "skipped": [k for keys in skipped.values() for k in keys], "skipped_by_epoch": skipped,
+        "short_epochs": short,
+        "loss_first": member.losses[0] if member.losses else None,
+        "loss_last": member.losses[-1] if member.losses else None,
+        "device": getattr(consumer, "device", None),
+        "measured_window": {"start": wall0, "end": wall1}, "started": t_start,
+        "warmup_steps": warmup_steps, "discarded_batches": discarded,
+        "exchange_paths": {",".join(map(str, g)): p for g, p in transport.paths.items()},
+        # collectives in the measured window (the exchange stage runs up to a queue ahead of it)
+        **exchange,
+    }
+    # the job's window: from the first member's measurement start to the last one's end
+    job_t0, job_t1 = comm.allreduce(wall0, op=MPI.MIN), comm.allreduce(wall1, op=MPI.MAX)
+    node = monitor.finish(job_t0, job_t1) if monitor else None
+    gathered = comm.gather((report, node), root=0)
+    if rank == 0:
+        reports, nodes = [g[0] for g in gathered], [g[1] for g in gathered if g[1] is not None]
+        measured, power_rows = job_fields(
+            nodes, job_t0, job_t1, cfg.power, idle_watts=cfg.idle_watts, watts_per_core=cfg.watts_per_core,
+            idle_file=cfg.idle_power, power_csv=cfg.power_csv,
+            slurm_joules=slurm_j1 - slurm_j0 if slurm_j0 is not None and slurm_j1 is not None else None,
+            slurm_why=None if slurm else "not inside a Slurm job step with energy accounting")
+        cpumon.write_table(os.path.join(cfg.out, "cpu.csv"), [r for nd in nodes for r in nd["cpu_rows"]])
+        write_power_table(os.path.join(cfg.out, "power.csv"), power_rows)
+        summary = {
+            "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
+            "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
+            "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
+            "warmup": cfg.warmup, "cores": cfg.cores, "image_size": size, "scheme": scheme.name, "n": n, "p": scheme.p,
+            "wire_dtype": cfg.wire_dtype, "transport": transport.name, "preprocessing": preprocessing,
+            "fast_mode": cfg.fast_mode, "seed": cfg.seed,
+            "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
+                        "digest": manifest.digest, "synthetic": manifest.synthetic,
+                        "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.shuffle_buffer)},
+            "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
+            "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
+            "stages_per_image": stages.mean_per_image(reports),
+            "window": _window_summary(scheme, reports, warmup_steps, steady),
+            "placement": where.as_dict(),
+            **measured,
+            "ranks": reports,
+            "machine": _machine(tf),
+            "slurm": {k.lower()[6:]: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS",
+                                                              "SLURM_CPUS_PER_TASK", "SLURM_JOB_PARTITION")
+                      if k in os.environ} or None,
+            "versions": {"enspipe": _version(), "tensorflow": tf.__version__, "python": platform.python_version(),
+                         "mpi": MPI.Get_library_version().splitlines()[0].strip()},
+            "finished": time.time(),
+        }
+        failure = _short_epochs(reports, manifest.num_images)
+    failure = comm.bcast(failure if rank == 0 else None, root=0)
+    events.log("end", **({"failure": failure} if failure else {}))
+    events.close()
+    comm.Barrier()  # every member is alive and done: only now does the cell's summary appear
+    heartbeat.stop()
+    if rank == 0:
+        write_json_atomic(summary_path if not failure else os.path.join(cfg.out, FAILED_SUMMARY),
+                          summary | ({"failure": failure} if failure else {}))
+        if failure:
+            print(f"enspipe: error: {failure}; the cell's numbers are in {FAILED_SUMMARY}", file=sys.stderr, flush=True)
+        else:
+            _say(rank, f"{summary['images_per_second_per_member']:.1f} images/s per member, "
+                       f"{summary['cpu_seconds_total']:.2f} CPU-s in the measured window; {summary_path}")
+    return 1 if failure else 0
+
+
+def _short_epochs(reports: list[dict], num_images: int) -> str | None:
+    """Why the cell failed its exactly-once promise, or None: a member's completed epoch lacks
+    samples that no member skipped (and counted), i.e. data vanished under the manifest."""
+    skipped: dict[int, set[str]] = {}
+    for r in reports:
+        for epoch, keys in r["skipped_by_epoch"].items():
+            skipped.setdefault(epoch, set()).update(keys)
+    for r in reports:
+        counts = {e["epoch"]: e["count"] for e in r["epochs"]}
+        for epoch, lacking in r["short_epochs"].items():
+            gone = skipped.get(epoch, set())
+            where = f"rank {r['rank']}, epoch {epoch}: "
+            if lacking is None:  # the manifest does not count its shards' records
+                lost = num_images - counts[epoch] - len(gone)
+                if lost > 0:
+                    return (where + f"{counts[epoch]} of the manifest's {num_images} samples delivered and {lost} not "
+                            "skipped (the manifest does not count its shards' records, so they cannot be named; "
+                            "re-index with `enspipe index`)")
+            elif lost := [k for k in lacking if k not in gone]:
+                shards = collections.Counter(k.rsplit(":", 1)[0] for k in lost)
+                return (where + f"{len(lost)} of the manifest's {num_images} samples never arrived and were not "
+                        f"skipped, from {', '.join(f'{s} ({k})' for s, k in sorted(shards.items()))}; the data "
+                        "changed under its manifest: re-create or re-index it")
+    return None
+
+
+# -- the consumer side of one member ----------------------------------------------------------------
+class _Member:
+    """One member's consumer side: takes its pipeline's batches, feeds its consumer, keeps the
+    exactly-once ledger and logs one event per step; the measured steps' numbers accumulate."""
+
+    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, events, progress: dict):
+        self.cfg, self.pipeline, self.consumer, self.ledger, self.events = cfg, pipeline, consumer, ledger, events
+        self.progress = progress
+        self.fault = _injected_fault(rank)
+        self.step_times: list[float] = []
+        self.waits: list[float] = []
+        self.losses: list[float] = []
+        self.images = self.starved = 0
+
+    def step(self, step: int, measured: bool) -> bool:
+        """Consume one batch; returns what the pipeline looked like when it was asked for it (see
+        :class:`_Look`): whether the batch was missing, whether every queue was full and how many
+        batches the queues held."""
+        from enspipe.data.shards import batch_checksum, digest_of
+
+        self.progress["step"] = step
+        if self.fault and self.fault[0] == step:
+            _inject(self.fault[1], step)
+        cpu_req = time.thread_time()
+        queues = self.pipeline.occupancy()
+        starved, saturated = queues["compute"] == 0, self.pipeline.saturated()
+        t_req = time.perf_counter()
+        batch = self.pipeline.next_batch()
+        t_got, cpu_got = time.perf_counter(), time.thread_time()
+        out = self.consumer.step(batch.images, batch.meta[:, 3])
+        t_done, cpu_done = time.perf_counter(), time.thread_time()
+        self.ledger.add(batch.meta[:, 0], batch.meta[:, 1])
+        if measured:
+            self.images += len(batch)
+            self.starved += starved
+            self.step_times.append(t_done - t_req)
+            self.waits.append(t_got - t_req)
+        if "loss" in out:
+            self.losses.append(out["loss"])
+        self.events.log("step", step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
+                        cpu_s=time.process_time(),
+                        measured=measured, queues=queues, starved=starved, saturated=saturated,
+                        batch_digest=digest_of(batch.meta[:, 0]),
+                        **({"batch_checksum": batch_checksum(batch)} if self.cfg.batch_checksums else {}), **out)
+        clock = self.pipeline.clock
+        clock.add("consume", t_done - t_got, cpu_done - cpu_got)
+        clock.add("hand_off", t_got - t_req, time.thread_time() - cpu_done + cpu_got - cpu_req)
+        return _Look(starved, saturated, sum(queues.values()))
+
+
+class _Look(NamedTuple):
+    starved: bool     # the consumer's batch was not there yet
+    saturated: bool   # every queue this member fills was full
+    held: int         # batches in this member's queues
+
+
+STEADY_STEPS = 3  # how many steps back the queues' trend is judged
+
+
+def max_warmup(cfg: RunConfig) -> int:
+    """The most unmeasured steps before the window opens anyway: ``warmup`` plus three times what
+    the stage queues hold (time enough to fill them whenever the producers outpace the consumer)."""
+    from enspipe.run.pipeline import QUEUES
+
+    return cfg.warmup + 3 * len(QUEUES) * cfg.queue_depth
+
+
+def _warm_up(cfg: RunConfig, comm, member: _Member) -> tuple[int, bool | None]:
+    """Unmeasured steps before the window: at least ``cfg.warmup``, then until every member's
+    pipeline is steady, i.e. its queues are no longer filling: either every queue is full (the
+    producers wait for the consumer), or its queues hold no more than they did
+    :data:`STEADY_STEPS` steps ago (empty when the consumer waits for the producers, level near
+    balance). A wait alone is not enough: a consumer also waits at start-up, while the queues are
+    still filling towards full, and a window opened then counts their filling (preprocessing done
+    for batches delivered after it) as its own work. Decided together (an all-reduce per step), so every member opens its window at
+    the same step; after :func:`max_warmup` steps the window opens anyway and ``steady`` is
+    False. ``--warmup 0`` measures from the first step (``steady`` is None)."""
+    if cfg.warmup == 0:
+        return 0, None
+    looks: list[_Look] = []
+    step, limit = 0, max_warmup(cfg)
+    while True:
+        looks = (looks + [member.step(step, measured=False)])[-(STEADY_STEPS + 1):]
+        step += 1
+        if step >= cfg.warmup:
+            if _all(comm, _steady(looks)):
+                return step, True
+            if step >= limit:
+                return step, False
+
+
+def _steady(looks: list["_Look"]) -> bool:
+    """Whether a member's pipeline is steady after these looks (oldest first): see :func:`_warm_up`."""
+    last = looks[-1]
+    if last.saturated:
+        return True
+    if len(looks) <= STEADY_STEPS:
+        return False
+    return last.held <= looks[0].held
+
+
+def _all(comm, flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (an all-reduce that sleeps while it waits)."""
+    from mpi4py import MPI
+
+    from enspipe.exchange.base import wait_quietly
+
+    out = np.zeros(1, np.int32)
+    wait_quietly([comm.Iallreduce(np.array([int(flag)], np.int32), out, op=MPI.MIN)])
+    return bool(out[0])
+
+
+def _stop_producers(comm, pipeline) -> int:
+    """Stop every member's exchange stage at the same step (the largest any has begun), so its
+    collectives all complete, and discard the batches no one will consume; returns how many."""
+    from mpi4py import MPI
+
+    from enspipe.exchange.base import wait_quietly
+
+    begun = np.array([pipeline.freeze()], np.int64)
+    last = np.zeros(1, np.int64)
+    wait_quietly([comm.Iallreduce(begun, last, op=MPI.MAX)])
+    pipeline.finish(int(last[0]))
+    return pipeline.drain()
+
+
+def _window_summary(scheme, reports: list[dict], warmup_steps: int, steady: bool | None) -> dict:
+    """Whether the window's CPU and its images describe the same work: the images the members
+    preprocessed inside it against those they had to (every member's own batches for the
+    baseline; one copy of each shared batch otherwise)."""
+    delivered = [r["images"] for r in reports]
+    needed = sum(delivered) if not scheme.shared else max(delivered)
+    made = sum(r["images_preprocessed"] for r in reports)
+    return {"warmup_steps": warmup_steps, "steady": steady, "images_preprocessed": made, "images_needed": needed,
+            "balance": made / needed if needed else None,
+            "starved_fraction": float(np.mean([r["starved_fraction"] for r in reports]))}
+
+
+def _start_node_monitor(cfg: RunConfig, host: str):
+    from enspipe.measure.cpumon import resolve_source
+    from enspipe.measure.node import NodeMonitor
+
+    return NodeMonitor(cfg.out, host, resolve_source(cfg.cpu_monitor), cfg.power, cfg.monitor_interval)
+
+
+def _slurm_counter(cfg: RunConfig):
+    from enspipe.measure.power import PowerUnavailable, SlurmStepCounter
+
+    if cfg.power != ("auto",) and "slurm" not in cfg.power:
+        return None
+    try:
+        return SlurmStepCounter()
+    except (PowerUnavailable, OSError) as e:
+        if "slurm" in cfg.power:
+            raise PowerUnavailable(f"--power slurm: {e}") from None
+        return None
+
+
+def _read_slurm(counter) -> float | None:
+    return counter.read()["step"] if counter else None
+
+
+def _injected_fault(rank: int) -> tuple[int, str] | None:
+    """Fault injection for the fault-tolerance tests: ``ENSPIPE_INJECT_FAULT=rank:step:raise|kill``."""
+    spec = os.environ.get("ENSPIPE_INJECT_FAULT")
+    if not spec:
+        return None
+    r, step, kind = spec.split(":")
+    return (int(step), kind) if int(r) == rank else None
+
+
+def _inject(kind: str, step: int) -> None:
+    if kind == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault at step {step}")
+
+
+def _machine(tf) -> dict:
+    """What the numbers were measured on (rank 0's node)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    gpus = [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
+            for d in tf.config.list_physical_devices("GPU")]
+    return {"node": platform.node(), "cpu_model": model, "cpus": os.cpu_count(),
+            "gpus": f"{len(gpus)}x {gpus[0]}" if gpus else None}
+
+
+def _version() -> str:
+    from enspipe import __version__
+
+    return __version__

@@ -1,0 +1,323 @@
+"""The stages of one member's pipeline, each a thread joined by bounded queues:
+
+    read ──▶ [preprocessing queue] ──▶ preprocess ──▶ [exchange queue] ──▶ exchange ──▶ [compute queue] ──▶ consumer
+
+``read`` takes this member's share of each global batch from the sample stream and reads and
+parses only those records (:func:`enspipe.data.shards.read_slices`; nothing is decoded); ``preprocess``
+decodes and augments them on a tf.data pool of K threads;
+``exchange`` runs the scheme's collectives (nothing for the baseline); the consumer runs in the
+caller's thread. Compute-only members run the exchange stage alone. Queue occupancy is sampled
+every ``sample_interval`` seconds (the paper's Fig. 3). Any stage's exception stops the pipeline
+and is re-raised to the consumer, naming the stage.
+
+The producers run on the (infinite) stream until told where to stop, so a measured window never
+sees them idle because they already produced everything the run needs. Stopping is collective,
+because the exchange stage's collectives must match on every member: :meth:`Pipeline.freeze`
+stops the exchange stage before its next step and returns how many it began; the members agree on
+the largest count (an all-reduce), :meth:`Pipeline.finish` lets every exchange stage run up to it,
+and :meth:`Pipeline.drain` discards what the consumer no longer takes. What the producers make
+after the consumer's last measured step is never consumed or counted.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+import traceback
+
+import numpy as np
+import tensorflow as tf
+
+from enspipe.data.manifest import DataError, Manifest
+from enspipe.data.shards import CORRUPT_LABEL, locate_corrupt_record, read_slices
+from enspipe.exchange.base import Batch
+from enspipe.exchange.engine import ExchangeEngine
+from enspipe.data.preprocessing import OUTPUT_RANGE, decode, make_preprocess_fn
+from enspipe.measure.stages import StageClock
+from enspipe.measure.threadcpu import set_thread_name
+
+QUEUES = ("preprocessing", "exchange", "compute")
+
+
+class PipelineFailed(RuntimeError):
+    pass
+
+
+class _Stopped(Exception):
+    pass
+
+
+def quantizer(preprocessing: str):
+    """(quantize, dequantize) for the uint8 wire: lossy by (range)/255 per value."""
+    lo, hi = OUTPUT_RANGE[preprocessing]
+
+    def quantize(x):
+        return tf.cast(tf.math.round(tf.clip_by_value((x - lo) / (hi - lo), 0.0, 1.0) * 255.0), tf.uint8)
+
+    def dequantize(q):
+        return q.astype(np.float32) * np.float32((hi - lo) / 255.0) + np.float32(lo)
+
+    return quantize, dequantize
+
+
+class Pipeline:
+    def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
+                 preprocessing: str, image_size: int, threads: int, order_seed: int, prep_seed: int,
+                 shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
+                 wire_dtype: str, sample_interval: float, events):
+        self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
+        self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
+        self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
+        self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
+        self.sample_interval, self.events = sample_interval, events
+        self.share = engine.scheme.share(rank, batch)
+        self.is_preprocessor = self.share[1] > self.share[0]
+        self.queues = {name: queue.Queue(queue_depth) for name in QUEUES}
+        self.depth = queue_depth
+        self.stop = threading.Event()
+        self.failure: tuple[str, BaseException, str] | None = None
+        self._skipped: list[tuple[int, int, str]] = []  # (global batch, epoch, key) of each skipped record
+        self.samples: list[tuple[float, int, int, int]] = []
+        self._threads: list[threading.Thread] = []
+        self.preprocessed = 0  # images this member's preprocess stage has produced
+        self.clock = StageClock()  # the stages' working (not waiting) wall time; see enspipe.measure.stages
+        # the exchange stage's steps: begun, completed, and the limit it may not pass (None: none)
+        self._cond = threading.Condition()
+        self._begun = self._done = 0
+        self._limit: int | None = None
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _options(self) -> tf.data.Options:
+        opts = tf.data.Options()
+        opts.threading.private_threadpool_size = self.threads
+        opts.threading.max_intra_op_parallelism = 1
+        opts.deterministic = True
+        # Parallelism is set explicitly (``threads``), so tf.data's autotuner has nothing to tune;
+        # its model thread sleeps up to 10 s between passes and an iterator's destructor waits for
+        # it, holding the GIL: stopping a member took 10 s in half the runs and silenced its heartbeat.
+        opts.autotune.enabled = False
+        return opts
+
+    def _put(self, name: str, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queues[name].put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _get(self, name: str):
+        while True:
+            if self.failure is not None:
+                stage, exc, _ = self.failure
+                raise PipelineFailed(f"{stage} stage failed: {type(exc).__name__}: {exc}") from exc
+            if self.stop.is_set():
+                raise _Stopped
+            try:
+                return self.queues[name].get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    def _stage(self, name: str, fn) -> threading.Thread:
+        def body():
+            set_thread_name(f"enspipe-{name}")  # TensorFlow's pool threads started here inherit it
+            try:
+                fn()
+                self.stop.wait()  # stay alive until close(), so the thread's CPU time stays visible
+            except _Stopped:
+                pass
+            except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
+                if self.failure is None:
+                    self.failure = (name, e, traceback.format_exc())
+                self.stop.set()
+
+        t = threading.Thread(target=body, name=f"enspipe-{name}", daemon=True)
+        self._threads.append(t)
+        return t
+
+    # -- stages -------------------------------------------------------------------------------
+    def _read(self) -> None:
+        lo, hi = self.share
+        it = read_slices(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt, self.batch, lo, hi,
+                         self._options())
+        while True:
+            t = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            except tf.errors.DataLossError:
+                raise DataError(locate_corrupt_record(self.m)) from None
+            self.clock.add("read", time.perf_counter() - t)
+            self._put("preprocessing", item)
+
+    def _preprocess(self) -> None:
+        prep = make_preprocess_fn(self.preprocessing, self.size, self.fast_mode)
+        quantize = quantizer(self.preprocessing)[0] if self.wire_dtype == "uint8" else (lambda x: x)
+        pending: collections.deque = collections.deque()
+        prep_seed = np.int64(self.prep_seed)
+        waited = [0.0]  # seconds the stage's input generator waited for the read stage
+
+        def gen():
+            while not self.stop.is_set():
+                t = time.perf_counter()
+                item = self._get("preprocessing")
+                waited[0] += time.perf_counter() - t
+                pending.append(item)
+                yield {k: item[k] for k in ("encoded", "id", "epoch", "position", "label")}
+
+        sig = {"encoded": tf.TensorSpec([None], tf.string),
+               **{k: tf.TensorSpec([None], tf.int64) for k in ("id", "epoch", "position", "label")}}
+
+        def one(e):
+            image = quantize(prep(e["encoded"], tf.stack([prep_seed, e["position"]])))
+            return image, tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
+
+        slice_len = self.share[1] - self.share[0]
+
+        def per_slice(b):  # one slice's images, the skipped ones left out, and a marker at its end
+            items = tf.data.Dataset.from_tensor_slices(b).map(one, num_parallel_calls=self.threads, deterministic=True)
+            items = items.ignore_errors().concatenate(tf.data.Dataset.from_tensors(
+                (tf.zeros([self.size, self.size, 3], tf.uint8 if self.wire_dtype == "uint8" else tf.float32),
+                 tf.constant([-1, -1, -1, -1], tf.int64))))
+            return items.batch(slice_len + 1)
+
+        ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
+        if self.skip_corrupt:  # a slice may lose images: each keeps its own bounds
+            ds = ds.interleave(per_slice, cycle_length=2, num_parallel_calls=2, deterministic=True)
+        else:  # one stream of images, preprocessed K at a time across slice boundaries, regrouped
+            ds = ds.flat_map(tf.data.Dataset.from_tensor_slices).map(
+                one, num_parallel_calls=self.threads, deterministic=True).batch(slice_len)
+        ds = ds.with_options(self._options())
+        it = self._prep_iterator = iter(ds)  # kept until close(): its pool threads' CPU stays visible
+        while True:
+            t, w = time.perf_counter(), waited[0]
+            try:
+                images, meta = next(it)
+            except (StopIteration, tf.errors.OpError) as e:
+                if self.stop.is_set():  # closed while the stage waited for its input
+                    raise _Stopped from None
+                if isinstance(e, tf.errors.InvalidArgumentError):
+                    raise DataError(self._diagnose(pending, e)) from None
+                raise
+            raw = pending.popleft()
+            images, meta = images.numpy(), meta.numpy()
+            if self.skip_corrupt:
+                keep = meta[:, 0] != -1
+                images, meta = images[keep], meta[keep]
+                lost = set(raw["id"].tolist()) - set(meta[:, 0].tolist())
+                if lost:
+                    batch = int(raw["position"][0]) // self.batch
+                    for key, i, epoch, label in zip(raw["key"], raw["id"], raw["epoch"], raw["label"]):
+                        if i in lost:
+                            self._skipped.append((batch, int(epoch), key.decode()))
+                            self.events.log("skipped", key=key.decode(), batch=batch, epoch=int(epoch),
+                                            reason="corrupt record" if label == CORRUPT_LABEL else "undecodable image")
+            self.preprocessed += len(meta)
+            took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
+            self.clock.add("preprocess", took - min(took, waited[0] - w))
+            self._put("exchange", Batch(np.ascontiguousarray(images), np.ascontiguousarray(meta)))
+
+    @staticmethod
+    def _diagnose(pending, error) -> str:
+        for raw in pending:
+            for key, encoded in zip(raw["key"], raw["encoded"]):
+                try:
+                    decode(tf.constant(encoded))
+                except tf.errors.InvalidArgumentError as e:
+                    return (f"{key.decode()}: undecodable JPEG ({e.message.splitlines()[0]}); "
+                            "fix or remove the record, or pass --on-corrupt skip to skip and count it")
+        return f"preprocessing failed: {error.message.splitlines()[0]}"
+
+    def _exchange(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self.stop.is_set() or self._limit is None or self._begun < self._limit)
+                if self.stop.is_set():
+                    raise _Stopped
+                self._begun += 1
+            mine = self._get("exchange") if self.is_preprocessor else None
+            self._put("compute", self.engine.run(mine))
+            with self._cond:
+                self._done += 1
+
+    def _sample(self) -> None:
+        set_thread_name("enspipe-sampler")
+        while not self.stop.wait(self.sample_interval):
+            sizes = [self.queues[q].qsize() for q in QUEUES]
+            self.samples.append((time.time(), *sizes))
+            self.events.log("occupancy", **dict(zip(QUEUES, sizes)), capacity=self.depth)
+
+    # -- public -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.is_preprocessor:
+            self._stage("read", self._read).start()
+            self._stage("preprocess", self._preprocess).start()
+        self._stage("exchange", self._exchange).start()
+        threading.Thread(target=self._sample, name="enspipe-sampler", daemon=True).start()
+
+    def next_batch(self) -> Batch:
+        return self._get("compute")
+
+    def occupancy(self) -> dict:
+        return {q: self.queues[q].qsize() for q in QUEUES}
+
+    def skipped(self, batches: int) -> dict[int, list[str]]:
+        """Keys of the records this member skipped in the first ``batches`` global batches (those
+        consumed; the producers may have gone further), per epoch."""
+        out: dict[int, list[str]] = {}
+        for b, epoch, key in self._skipped:
+            if b < batches:
+                out.setdefault(epoch, []).append(key)
+        return out
+
+    def saturated(self) -> bool:
+        """Whether every queue this member's stages fill is full: back-pressure has reached the
+        first stage, so the producers run at the consumer's pace (an accelerator-bound steady state)."""
+        names = QUEUES if self.is_preprocessor else ("compute",)
+        return all(self.queues[q].qsize() >= self.depth for q in names)
+
+    def freeze(self) -> int:
+        """Let the exchange stage finish the step it is in but begin no other; returns how many
+        steps it has begun (the members then agree on the largest, see :meth:`finish`)."""
+        with self._cond:
+            self._limit = self._begun
+            return self._begun
+
+    def finish(self, steps: int) -> None:
+        """Let the exchange stage run exactly ``steps`` steps in all (the same on every member)."""
+        with self._cond:
+            self._limit = steps
+            self._cond.notify_all()
+
+    def drain(self) -> int:
+        """Discard batches until the exchange stage has delivered its last step; returns how many."""
+        drained = 0
+        while True:
+            with self._cond:
+                last = self._limit is not None and self._done >= self._limit
+            if last and self.queues["compute"].empty():
+                return drained
+            try:
+                self.queues["compute"].get(timeout=0.05)
+                drained += 1
+            except queue.Empty:
+                if self.failure is not None:
+                    self._get("compute")  # raises PipelineFailed, naming the stage
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+
+    def occupancy_stats(self, t0: float, t1: float) -> dict:
+        rows = [s for s in self.samples if t0 <= s[0] <= t1] or self.samples
+        if not rows:
+            return {}
+        arr = np.array([r[1:] for r in rows], dtype=float) / self.depth
+        return {q: {"mean": float(arr[:, i].mean()), "min": float(arr[:, i].min()), "max": float(arr[:, i].max())}
+                for i, q in enumerate(QUEUES)} | {"samples": len(rows), "capacity_batches": self.depth}
