@@ -55,17 +55,20 @@ def test_only_valid_cells_are_generated():
     assert len(cells) == len(keys) * 2 * 2 and {c.cores for c in cells} == {"1", "all"}
 
 
-def test_cell_paths_round_trip_and_arguments():
+def test_cell_identity_round_trips_and_arguments():
     cfg = _config("test")
     for cell in grid.cells(cfg):
-        assert grid.Cell.from_path(cell.path) == cell
+        assert grid.Cell.of(cell.as_dict()) == cell  # as a summary records it
+        assert grid.Cell.of({k: str(v) for k, v in cell.as_dict().items()}) == cell  # as a rule's wildcards
         assert cell.path == f"results/runs/{cell.name}/summary.json"
+        assert grid.run_args(cfg, cell, rate=1.0)[grid.run_args(cfg, cell, rate=1.0).index("--rep") + 1] == str(cell.rep)
     cell = grid.Cell("alexnet_v2", "single_broadcast", 2, 1, "1", "emulated", 0)
     args = grid.run_args(cfg, cell, rate=123.0)
     assert args[args.index("--preprocessors") + 1] == "1" and args[args.index("--rate") + 1] == "123"
     assert args[args.index("--cores") + 1] == "1" and args[args.index("--batch-size") + 1] == "16"
-    with pytest.raises(ValueError, match="not a cell path"):
-        grid.Cell.from_path("results/runs/x/summary.json")
+    assert grid.Cell.of(dict(cell.as_dict(), cores=None)).cores == "all"  # RunConfig's "all cores"
+    with pytest.raises(ValueError, match="not a cell identity"):
+        grid.Cell.of({"network": "x"})
 
 
 def test_paper_grid_has_the_papers_cells():
@@ -107,7 +110,10 @@ def test_tidy_row_of_a_summary():
                     "queue_occupancy": {"compute": {"mean": 0.5}, "preprocessing": {"mean": 1.0}},
                     "epochs": [{"epoch": 0, "count": 20, "digest": "ab", "missing": 0}]}
                    for i, r in enumerate((10.0, 20.0))]}
-    row = cell_row("results/runs/vgg_a/all_shared/n2_p2/c1/emulated/rep0/summary.json", s)
+    with pytest.raises(ValueError, match="names no cell"):
+        cell_row(s, "old/summary.json")
+    s["cell"] = {"network": "vgg_a", "scheme": "all_shared", "n": 2, "p": 2, "cores": "1", "consumer": "emulated", "rep": 0}
+    row = cell_row(s, "results/runs/elsewhere/summary.json")  # the summary names its cell, not its path
     assert set(row) == set(ROW_COLUMNS)
     assert (row["network"], row["scheme"], row["n"], row["cores"], row["rep"]) == ("vgg_a", "all_shared", 2, "1", 0)
     assert row["node_cpu_seconds_per_image"] == pytest.approx(4.4 / 32 / 2)

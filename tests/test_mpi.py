@@ -36,6 +36,8 @@ def test_exactly_once_for_every_member(dataset, tmp_path, n, scheme, p):
     assert r.returncode == 0, r.stderr[-3000:]
     s, want = summary(tmp_path), manifest(dataset)["digest"]
     assert (s["scheme"], s["n"], len(s["ranks"])) == (scheme, n, n)
+    assert s["cell"] == {"network": s["network"], "scheme": scheme, "n": n, "p": p or n, "cores": "1",
+                         "consumer": s["consumer"], "rep": 0}  # the identity collect reads, as the grid names it
     for rank in s["ranks"]:
         assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]
         assert rank["images"] == 56

@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rate-from", default=None,
                    help="take the network's rc from this calibration file (the workflow's rates.json)")
     r.add_argument("--seed", type=int, default=0, help="base seed for order, augmentation and initialisation")
+    r.add_argument("--rep", type=int, default=0,
+                   help="which repeat of its cell this run is (recorded in the summary; changes nothing else)")
     r.add_argument("--lr", type=_lrs, default=(0.01,), help="learning rates, member m uses the (m mod k)-th")
     r.add_argument("--shuffle-buffer", type=_positive_int, default=1024,
                    help="records; 0 = canonical order; at most a quarter of a TFRecord dataset is used")
@@ -153,7 +155,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     rate, rate_source = _rate(a)
     return RunConfig(data=a.data, out=a.out, network=a.network, consumer=a.consumer, batch_size=a.batch_size,
                      steps=a.steps, warmup=a.warmup, cores=a.cores, image_size=a.image_size, scheme=a.scheme,
-                     preprocessors=a.preprocessors, rate=rate, rate_source=rate_source, seed=a.seed, lrs=a.lr,
+                     preprocessors=a.preprocessors, rate=rate, rate_source=rate_source, seed=a.seed, rep=a.rep, lrs=a.lr,
                      shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, on_corrupt=a.on_corrupt,
                      fast_mode=a.fast_mode, wire_dtype=a.wire_dtype, transport=a.transport,
                      sample_interval=a.sample_interval, peer_timeout=a.peer_timeout, node_shm=a.node_shm, batch_checksums=a.batch_checksums,

@@ -56,8 +56,8 @@ wildcard_constraints:
 
 
 def cell_of(wildcards, n=None):
-    return grid.Cell(wildcards.network, wildcards.scheme, int(n or wildcards.n), int(wildcards.p),
-                     wildcards.cores, wildcards.consumer, int(wildcards.rep))
+    fields = {k: getattr(wildcards, k) for k in grid.CELL_FIELDS if k != "n"}
+    return grid.Cell.of(dict(fields, n=n or wildcards.n))
 
 
 def cell_inputs(wildcards):

@@ -55,6 +55,8 @@ class RunConfig:
       rate: the emulated accelerator's rate rc in images/s (``emulated`` only).
       rate_source: where ``rate`` came from (a calibration file, or the command line).
       seed: base seed; data order, preprocessing and initialisation derive from it.
+      rep: which repeat of its cell this run is; recorded in the summary's cell identity, it
+        changes nothing else (the grid varies ``seed`` per repeat).
       lrs: learning rates, member m uses ``lrs[m % len(lrs)]`` (ensemble members differ in
         learning rate and initialisation seed, as in the paper).
       shuffle_buffer: records in the seeded shuffle buffer (0 = canonical order); at most a quarter
@@ -102,6 +104,7 @@ class RunConfig:
     rate: float | None = None
     rate_source: str | None = None
     seed: int = 0
+    rep: int = 0
     lrs: tuple[float, ...] = (0.01,)
     shuffle_buffer: int = 1024
     queue_depth: int = 4

@@ -10,7 +10,7 @@ error naming it and the rule.
 """
 from __future__ import annotations
 
-import re
+import dataclasses
 import shlex
 from dataclasses import dataclass
 
@@ -18,8 +18,7 @@ from enspipe.plan.schemes import make_scheme
 
 RUNS = "results/runs"
 CELL_PATTERN = RUNS + "/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}/summary.json"
-CELL_RE = re.compile(r"results/runs/(?P<network>\w+)/(?P<scheme>\w+)/n(?P<n>\d+)_p(?P<p>\d+)/c(?P<cores>\d+|all)/"
-                     r"(?P<consumer>\w+)/rep(?P<rep>\d+)/summary\.json$")
+CELL_FIELDS = ("network", "scheme", "n", "p", "cores", "consumer", "rep")  # a cell's identity
 
 
 @dataclass(frozen=True, order=True)
@@ -41,13 +40,19 @@ class Cell:
         """The short form: ``network/scheme/nN_pP/cC/consumer/repR``."""
         return self.path[len(RUNS) + 1:-len("/summary.json")]
 
+    def as_dict(self) -> dict:
+        """The identity a cell's summary records (``summary["cell"]``)."""
+        return dataclasses.asdict(self)
+
     @classmethod
-    def from_path(cls, path: str) -> "Cell":
-        m = CELL_RE.search(path)
-        if not m:
-            raise ValueError(f"{path!r} is not a cell path like {CELL_PATTERN}")
-        d = m.groupdict()
-        return cls(d["network"], d["scheme"], int(d["n"]), int(d["p"]), d["cores"], d["consumer"], int(d["rep"]))
+    def of(cls, fields) -> "Cell":
+        """The cell named by a mapping of :data:`CELL_FIELDS`: a summary's ``cell``, or a rule's
+        wildcards (all strings). ``cores`` may be a number, ``"all"`` or ``None`` (all)."""
+        try:
+            return cls(str(fields["network"]), str(fields["scheme"]), int(fields["n"]), int(fields["p"]),
+                       _cores(fields["cores"]), str(fields["consumer"]), int(fields["rep"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a cell identity (fields {', '.join(CELL_FIELDS)}): {fields!r}") from e
 
 
 def _cores(c) -> str:
@@ -138,7 +143,7 @@ def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
     args = ["--network", cell.network, "--scheme", cell.scheme, "--consumer", cell.consumer,
             "--batch-size", str(batch_size(config, cell.network)), "--image-size", str(config["image_size"]),
             "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
-            "--seed", str(int(config.get("seed", 0)) + cell.rep),
+            "--seed", str(int(config.get("seed", 0)) + cell.rep), "--rep", str(cell.rep),
             "--monitor-interval", str(config.get("monitor_interval", 1))]
     if cell.scheme not in IMPLIED_P:
         args += ["--preprocessors", str(cell.p)]

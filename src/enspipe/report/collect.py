@@ -49,9 +49,13 @@ MAX_CEILING_TOLERANCE = 0.15  # however noisy the repeats, never more than this
 BASELINE_KEY = ["network", "consumer", "n", "cores", "batch_size", "image_size"]
 
 
-def cell_row(path: str, s: dict) -> dict:
-    """The table row of one cell's summary."""
-    cell = Cell.from_path(path)
+def cell_row(s: dict, path: str = "") -> dict:
+    """The table row of one cell's summary (read from ``path``); the cell is the one the summary
+    names, never inferred from where the file lies."""
+    if "cell" not in s:
+        raise ValueError(f"{path or 'a summary'} names no cell (written before summaries recorded their cell): "
+                         "rerun the cell")
+    cell = Cell.of(s["cell"])
     ranks = s["ranks"]
     rates = [r["images_per_second"] for r in ranks]
     runtimes = [r["seconds"] for r in ranks]
@@ -176,7 +180,7 @@ def collect(paths: list[str]):
     rows = []
     for path in paths:
         with open(path) as f:
-            rows.append(cell_row(path, json.load(f)))
+            rows.append(cell_row(json.load(f), path))
     df = pd.DataFrame(rows, columns=list(ROW_COLUMNS))
     return add_reductions(df)[list(COLUMNS)].sort_values("cell").reset_index(drop=True)
 

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from enspipe.plan.config import ConfigError, RunConfig
+from enspipe.plan.grid import Cell
 from enspipe.plan.schemes import make_scheme
 
 SUMMARY = "summary.json"
@@ -249,6 +250,8 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
         cpumon.write_table(os.path.join(cfg.out, "cpu.csv"), [r for nd in nodes for r in nd["cpu_rows"]])
         write_power_table(os.path.join(cfg.out, "power.csv"), power_rows)
         summary = {
+            "cell": Cell.of({"network": cfg.network, "scheme": scheme.name, "n": n, "p": scheme.p, "cores": cfg.cores,
+                             "consumer": cfg.consumer, "rep": cfg.rep}).as_dict(),
             "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
             "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
             "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
