@@ -30,6 +30,7 @@ import numpy as np
 from cells import dataset, run_cell, spread
 
 from enspipe.measure.stages import STAGES
+from enspipe.plan.schemes import SCHEME_KINDS
 
 EXCHANGE = ("copy_in", "collective")
 PREPROCESSING = ("read", "preprocess")
@@ -52,8 +53,9 @@ def cells(ns: list[int], schemes: list[str]) -> list[tuple[str, int, int | None]
     out = []
     for n in ns:
         for scheme in schemes:
-            p = max(1, n // 2) if scheme in ("single_broadcast", "multi_broadcast") else None
-            if scheme == "single_broadcast" and p >= n:
+            kind = SCHEME_KINDS[scheme]
+            p = max(1, n // 2) if kind.takes_p else None
+            if kind.takes_p and p > kind.p_max(n):
                 continue
             out.append((scheme, n, p))
     return out
@@ -100,7 +102,8 @@ def main() -> None:
     ap.add_argument("--exchange", choices=("shm", "mpi"), default="shm",
                     help="node-shared-memory batches (default) or MPI collectives only (--no-node-shm)")
     ap.add_argument("--cores", type=int, default=None, help="--cores per member (default: all)")
-    ap.add_argument("--schemes", default="baseline,all_shared,single_broadcast,multi_broadcast")
+    ap.add_argument("--schemes", default="baseline,all_shared,single_broadcast,multi_broadcast",
+                    help=f"comma-separated, of {', '.join(SCHEME_KINDS)}")
     a = ap.parse_args()
     data = dataset(a.images)
     ns = [int(n) for n in a.ns.split(",")]

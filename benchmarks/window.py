@@ -30,8 +30,9 @@ import numpy as np
 
 from cells import cpu_per_image, dataset, run_cell, spread
 
-SCHEMES = {"baseline": [], "all_shared": [], "single_broadcast": ["--preprocessors", "1"],
-           "multi_broadcast": ["--preprocessors", "1"]}
+from enspipe.plan.schemes import SCHEME_KINDS
+
+SCHEMES = {name: ["--preprocessors", "1"] if kind.takes_p else [] for name, kind in SCHEME_KINDS.items()}
 
 
 def main() -> None:

@@ -1,8 +1,11 @@
+import pathlib
+
 import pytest
 
 from conftest import enspipe, summary
-from enspipe.plan.config import ConfigError, RunConfig
-from enspipe.plan.schemes import Broadcast, Gather, make_scheme
+from enspipe.plan.errors import ConfigError
+from enspipe.plan.config import RunConfig
+from enspipe.plan.schemes import SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups
 
 
 @pytest.mark.parametrize("args, option", [
@@ -78,6 +81,44 @@ def test_scheme_shapes():
     assert make_scheme("baseline", 3, None, 1).steps == () and make_scheme("baseline", 3, None, 4).share(2, 4) == (0, 4)
 
 
+def test_hierarchical_plans_see_the_node_layout():
+    two = ((0, 1), (2, 3))
+    h = make_scheme("hierarchical", 4, None, 8, two)
+    assert h.steps == (Gather((0, 1)), Gather((2, 3)), Gather((0, 2)), Broadcast((0, 1), 0), Broadcast((2, 3), 2))
+    assert h.uses() == {(0, 1): 2, (2, 3): 2, (0, 2): 1}  # a node's group assembles twice per batch
+    # what each member holds when it contributes: its share, then its node's part, then the batch
+    assert h.block_counts(8) == [[2, 2], [2, 2], [4, 4], 8, 8]
+    assert make_scheme("hierarchical", 4, None, 8).steps == make_scheme("all_shared", 4, None, 8).steps  # one node
+    # interleaved nodes: shares go node by node, so the leaders' gather assembles the batch in order
+    inter = make_scheme("hierarchical", 4, None, 8, node_groups([0, 1, 0, 1]))
+    assert inter.preprocessors == (0, 2, 1, 3) and [inter.share(r, 8) for r in (0, 2, 1, 3)] == [(0, 2), (2, 4),
+                                                                                                 (4, 6), (6, 8)]
+    assert inter.steps[:3] == (Gather((0, 2)), Gather((1, 3)), Gather((0, 1)))
+    # a node of one member needs no collective within it
+    uneven = make_scheme("hierarchical", 4, None, 8, node_groups([0, 1, 1, 1]))
+    assert uneven.steps == (Gather((1, 2, 3)), Gather((0, 1)), Broadcast((1, 2, 3), 1))
+    assert uneven.block_counts(8) == [[2, 2, 2], [2, 6], 8]
+    # the other schemes' counts are each member's own share, as before
+    assert make_scheme("single_broadcast", 5, 3, 32).block_counts(32) == [[11, 11, 10], 32]
+    assert make_scheme("multi_broadcast", 4, 2, 8).block_counts(8) == [[4, 4, 0, 0]]
+
+
+def test_every_surface_reads_the_scheme_registry():
+    import yaml
+
+    from enspipe.cli import build_parser
+    from enspipe.plan.config import SCHEMES
+
+    names = list(SCHEME_KINDS)
+    assert list(SCHEMES) == names
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "scheme")
+    assert list(run.choices) == names
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    schema = yaml.safe_load((repo / "workflow/schemas/config.schema.yaml").read_text())
+    enum = schema["properties"]["experiments"]["additionalProperties"]["properties"]["schemes"]["items"]["enum"]
+    assert enum == names, "workflow/schemas/config.schema.yaml's scheme enum must list the registry's schemes"
+
+
 @pytest.mark.parametrize("name, n, p, batch, field", [
     ("single_broadcast", 3, 3, 32, "preprocessors"),
     ("single_broadcast", 3, None, 32, "preprocessors"),
@@ -85,6 +126,9 @@ def test_scheme_shapes():
     ("multi_broadcast", 3, 0, 32, "preprocessors"),
     ("all_shared", 4, None, 3, "batch_size"),
     ("all_shared", 4, 2, 32, "preprocessors"),
+    ("hierarchical", 4, 2, 32, "preprocessors"),
+    ("hierarchical", 4, None, 3, "batch_size"),
+    ("nope", 4, None, 32, "scheme"),
 ])
 def test_invalid_combinations_are_rejected(name, n, p, batch, field):
     with pytest.raises(ConfigError) as e:

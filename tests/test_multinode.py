@@ -27,8 +27,9 @@ PLACEMENTS = {
 }
 NODE_OF = {"a2b2": [0, 0, 2, 2], "a1b3": [0, 1, 1, 1], "interleaved": [0, 1, 0, 1]}
 SCHEMES = {"all_shared": [], "single_broadcast": ["--preprocessors", "2"],
-           "multi_broadcast": ["--preprocessors", "3"]}
-QUICK = {("a2b2", "all_shared"), ("a2b2", "single_broadcast"), ("interleaved", "multi_broadcast")}
+           "multi_broadcast": ["--preprocessors", "3"], "hierarchical": []}
+QUICK = {("a2b2", "all_shared"), ("a2b2", "single_broadcast"), ("interleaved", "multi_broadcast"),
+         ("a2b2", "hierarchical"), ("interleaved", "hierarchical")}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,21 @@ def test_every_scheme_across_nodes_is_exact_and_bit_identical(dataset, alone, tm
     assert list(s["node_cpu_seconds"]) == [host]
     # four members pinned to one core each on a host of fewer cores share them, and say so
     assert s["placement"]["oversubscribed"] == (os.cpu_count() < 4)
+
+
+def test_hierarchical_on_the_mpi_collectives_is_exact_and_bit_identical(dataset, alone, tmp_path):
+    """The per-node plan without node-shared memory: three collectives per batch on a node leader,
+    each into the receive ring, which must not hand out a buffer still in use downstream."""
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "hierarchical", "--no-node-shm", *COMMON,
+                n=4, launcher=PLACEMENTS["a2b2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    s, want = summary(tmp_path), manifest(dataset)["digest"]
+    for rank in s["ranks"]:
+        assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]
+        assert step_values(tmp_path, rank["rank"], "batch_checksum") == alone, rank["rank"]
+        assert set(rank["exchange_paths"].values()) == {"mpi"}
+    assert {tuple(map(int, g.split(","))) for rank in s["ranks"] for g in rank["exchange_paths"]} == {
+        (0, 1), (2, 3), (0, 2)}  # the plan saw the two nodes
 
 
 @pytest.mark.slow

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from enspipe.plan.config import (CONSUMERS, CPU_MONITORS, ON_CORRUPT, SCHEMES, TRANSPORTS, WIRE_DTYPES,
-                                 ConfigError, RunConfig)
+from enspipe.plan.errors import ConfigError
+from enspipe.plan.config import (CONSUMERS, CPU_MONITORS, ON_CORRUPT, SCHEMES, TRANSPORTS, WIRE_DTYPES, RunConfig)
+from enspipe.plan.schemes import SCHEME_KINDS
 
 
 def _positive_int(s: str) -> int:
@@ -79,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=_positive_int, default=10, help="unmeasured steps first (0 is valid)")
     r.add_argument("--cores", type=_positive_int, default=None, help="CPU cores per member (default: all)")
     r.add_argument("--image-size", type=_positive_int, default=224, help="preprocessed image side in px")
-    r.add_argument("--scheme", default="baseline", choices=SCHEMES, help="sharing scheme")
+    r.add_argument("--scheme", default="baseline", choices=SCHEMES,
+                   help="sharing scheme: " + "; ".join(f"{k}: {kind.summary}" for k, kind in SCHEME_KINDS.items()))
     r.add_argument("--preprocessors", type=_positive_int, default=None,
-                   help="P for single_broadcast / multi_broadcast (implied for the others)")
+                   help="P, for " + " / ".join(k for k, kind in SCHEME_KINDS.items() if kind.takes_p)
+                   + " (P = N for the others)")
     r.add_argument("--rate", type=float, default=None, help="emulated accelerator rate rc in images/s")
     r.add_argument("--rate-from", default=None,
                    help="take the network's rc from this calibration file (the workflow's rates.json)")

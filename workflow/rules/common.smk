@@ -10,6 +10,7 @@ from snakemake.utils import min_version, validate
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from enspipe.plan import grid  # noqa: E402
+from enspipe.plan.schemes import SCHEME_KINDS  # noqa: E402
 
 min_version("9.0")
 
@@ -47,7 +48,7 @@ SLURM = config.get("slurm", {})
 
 wildcard_constraints:
     network="|".join(config["networks"]),
-    scheme="baseline|all_shared|single_broadcast|multi_broadcast",
+    scheme="|".join(SCHEME_KINDS),
     n=r"[1-9][0-9]*",
     p=r"[1-9][0-9]*",
     cores=r"all|[1-9][0-9]*",

@@ -59,7 +59,8 @@ class Mpi4pyTransport:
     name = "mpi4py"
 
     def __init__(self, comm, groups: list[tuple[int, ...]], image_shape: tuple[int, ...], dtype,
-                 max_batch: int, queue_depth: int, node_shm: bool = True, events=None):
+                 max_batch: int, queue_depth: int, node_shm: bool = True, events=None,
+                 uses: dict[tuple[int, ...], int] | None = None):
         from mpi4py import MPI
 
         from enspipe.exchange import shm
@@ -69,8 +70,12 @@ class Mpi4pyTransport:
         self.image_size = int(np.prod(self.image_shape))
         self.stats = TransportStats()
         self.comms, self.windows, self.paths = {}, {}, {}
-        need = shm.window_bytes(shm.slots_for(queue_depth), max_batch, self.image_shape, self.dtype)
+        # A group that several steps use assembles several batches per global batch: its window (and
+        # the receive ring of a rank in several steps) holds that many more slots.
+        uses = uses or {}
         for g in groups:  # every rank splits for every group, in the same order
+            slots = shm.slots_for(queue_depth) * uses.get(g, 1)
+            need = shm.window_bytes(slots, max_batch, self.image_shape, self.dtype)
             c = comm.Split(0 if self.rank in g else MPI.UNDEFINED, key=self.rank)
             if c == MPI.COMM_NULL:
                 continue
@@ -82,7 +87,7 @@ class Mpi4pyTransport:
                 fits = free is None or free >= need * 1.1
                 ok = c.allreduce(bool(layout.contiguous and fits), op=MPI.LAND)
                 if ok:
-                    self.windows[g] = shm.NodeBatchWindow(MPI, c, layout, shm.slots_for(queue_depth), max_batch,
+                    self.windows[g] = shm.NodeBatchWindow(MPI, c, layout, slots, max_batch,
                                                           self.image_shape, self.dtype, self._wait, self.stats)
                     path = "node-shm" if len(set(layout.node_of)) == 1 else "node-shm+mpi"
                 else:
@@ -93,8 +98,8 @@ class Mpi4pyTransport:
             if events is not None:
                 events.log("exchange_path", group=list(g), path=path,
                            **({"reason": why} if path == "mpi" else {"window_bytes": need}))
-        self.ring = (BufferRing(queue_depth + 2, max_batch, self.image_shape, self.dtype)
-                     if len(self.windows) < len(self.comms) else None)
+        takes = sum(uses.get(g, 1) for g in self.comms if g not in self.windows)
+        self.ring = BufferRing((queue_depth + 2) * takes, max_batch, self.image_shape, self.dtype) if takes else None
 
     def _wait(self, requests) -> None:
         wait_quietly(requests)
@@ -178,25 +183,20 @@ class ExchangeEngine:
     def __init__(self, scheme: Scheme, rank: int, transport, batch: int, fixed_blocks: bool):
         self.scheme, self.rank, self.transport = scheme, rank, transport
         self.batch, self.fixed_blocks = batch, fixed_blocks
-
-    def _sizes(self, ranks) -> list[int] | None:
-        if not self.fixed_blocks:
-            return None
-        return [hi - lo for lo, hi in (self.scheme.share(r, self.batch) for r in ranks)]
+        self.counts = scheme.block_counts(batch) if fixed_blocks else [None] * len(scheme.steps)
 
     def run(self, mine: Batch | None) -> Batch:
         batch = mine
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        for step in self.scheme.steps:
+        for step, counts in zip(self.scheme.steps, self.counts):
             if self.rank not in step.group:
                 continue
             if isinstance(step, Gather):
-                batch = self.transport.allgatherv(step.group, batch, self._sizes(step.group))
+                batch = self.transport.allgatherv(step.group, batch, counts)
             elif isinstance(step, Broadcast):
-                sizes = self._sizes(self.scheme.preprocessors)
-                batch = self.transport.broadcast(step.group, step.root, batch, sum(sizes) if sizes else None)
+                batch = self.transport.broadcast(step.group, step.root, batch, counts)
             elif isinstance(step, BlockBroadcasts):
-                batch = self.transport.block_broadcasts(step.group, step.roots, batch, self._sizes(step.group))
+                batch = self.transport.block_broadcasts(step.group, step.roots, batch, counts)
             else:  # pragma: no cover - schemes are built by make_scheme
                 raise TypeError(f"unknown step {step!r}")
         if self.scheme.steps:

@@ -10,8 +10,11 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from enspipe.plan.errors import require as _require
+from enspipe.plan.schemes import SCHEME_KINDS
+
 CONSUMERS = ("train", "emulated", "peak")
-SCHEMES = ("baseline", "all_shared", "single_broadcast", "multi_broadcast")
+SCHEMES = tuple(SCHEME_KINDS)  # the scheme registry's names, in its order
 WIRE_DTYPES = ("float32", "uint8")
 TRANSPORTS = ("mpi4py", "horovod")
 PREPROCESSINGS = ("inception", "vgg")
@@ -19,19 +22,6 @@ CPU_MONITORS = ("auto", "mpstat", "psutil", "none")
 POWER_SOURCES = ("auto", "rapl", "nvml", "slurm", "external", "modelled")
 ON_CORRUPT = ("fail", "skip")
 MAX_SAMPLE_INTERVAL = 60.0  # seconds
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. ``field`` is the option's name, ``fix`` says what to do."""
-
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(f"--{field.replace('_', '-')}: {problem}; {fix}")
-
-
-def _require(ok: bool, field_name: str, problem: str, fix: str) -> None:
-    if not ok:
-        raise ConfigError(field_name, problem, fix)
 
 
 @dataclass(frozen=True)

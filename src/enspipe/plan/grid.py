@@ -3,9 +3,9 @@
 A config (``config/*.yaml``, validated by ``workflow/schemas/config.schema.yaml``) names
 experiments, each a product of networks x schemes x n x p x core limits for one consumer, run
 ``repeats`` times (the experiment's own, else the config's). :func:`expand` turns them into valid
-:class:`Cell` s: P is the number of preprocessors where the scheme has one (single_broadcast needs
-1 <= P < N, multi_broadcast 1 <= P <= N) and N for baseline and All-Shared; a batch must be at
-least P. Invalid combinations are left out and reported; an experiment with no valid cell is an
+:class:`Cell` s: P is the number of preprocessors where the scheme has one (its registry entry's
+rule: single_broadcast 1 <= P < N, multi_broadcast 1 <= P <= N) and N for the others; a batch must
+be at least P. Invalid combinations are left out and reported; an experiment with no valid cell is an
 error naming it and the rule.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
-from enspipe.plan.schemes import make_scheme
+from enspipe.plan.schemes import SCHEME_KINDS, make_scheme
 
 RUNS = "results/runs"
 CELL_PATTERN = RUNS + "/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}/summary.json"
@@ -80,7 +80,7 @@ def expand(config: dict) -> tuple[list[Cell], list[str]]:
             batch = batch_size(config, network)
             for scheme in exp["schemes"]:
                 for n in exp["n"]:
-                    ps = [n] if scheme in IMPLIED_P else exp.get("p") or [None]
+                    ps = exp.get("p") or [None] if SCHEME_KINDS[scheme].takes_p else [n]
                     for p in ps:
                         why = invalid(scheme, n, p, batch)
                         if why:
@@ -104,15 +104,12 @@ def cells(config: dict) -> list[Cell]:
     return expand(config)[0]
 
 
-IMPLIED_P = ("baseline", "all_shared")  # every member preprocesses: P = N
-
-
 def invalid(scheme: str, n: int, p: int | None, batch: int) -> str | None:
     """Why a combination is not a cell (the scheme's rule, as its error states it), or None."""
-    from enspipe.plan.config import ConfigError
+    from enspipe.plan.errors import ConfigError
 
     try:
-        make_scheme(scheme, n, None if scheme in IMPLIED_P else p, batch)
+        make_scheme(scheme, n, p if SCHEME_KINDS[scheme].takes_p else None, batch)
     except ConfigError as e:
         return e.problem
     return None
@@ -145,7 +142,7 @@ def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
             "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
             "--seed", str(int(config.get("seed", 0)) + cell.rep), "--rep", str(cell.rep),
             "--monitor-interval", str(config.get("monitor_interval", 1))]
-    if cell.scheme not in IMPLIED_P:
+    if SCHEME_KINDS[cell.scheme].takes_p:
         args += ["--preprocessors", str(cell.p)]
     if cell.cores != "all":
         args += ["--cores", cell.cores]

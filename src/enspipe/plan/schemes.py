@@ -1,7 +1,11 @@
-"""The four pipelines as small declarative descriptions: who preprocesses which share of each
-global batch, and which group collectives assemble the batch on every member.
+"""The sharing schemes, registered once: who preprocesses which share of each global batch, and
+which group collectives assemble the batch on every member.
 
-A :class:`Scheme` is data, not code: :mod:`enspipe.exchange.engine` executes its steps.
+A :class:`Scheme` is data, not code: :mod:`enspipe.exchange.engine` executes its steps. Each kind
+of scheme is one :class:`SchemeKind` in :data:`SCHEME_KINDS`, which everything else reads (the
+command line's choices, the run config, the workflow's schema and wildcards, the grid, the
+tables, the benchmarks). A kind's ``plan`` sees the node layout (which ranks share a node), so a
+scheme that works per node is a plan like any other.
 
 * ``baseline``: n duplicated pipelines; every member preprocesses whole batches of its own stream.
 * ``all_shared``: every member preprocesses 1/n of each batch; all-gather(v) over all n.
@@ -9,12 +13,17 @@ A :class:`Scheme` is data, not code: :mod:`enspipe.exchange.engine` executes its
   p-1 broadcasts the batch to the group {p-1, ..., n-1}.
 * ``multi_broadcast``: each preprocessor i < p broadcasts its block to all n members, the p
   broadcasts in flight at once.
+* ``hierarchical``: every member preprocesses 1/n; all-gather within each node, all-gather of the
+  nodes' parts among one leader per node, then each leader broadcasts the batch within its node.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from enspipe.plan.config import ConfigError
+from enspipe.plan.errors import ConfigError
+
+Nodes = tuple[tuple[int, ...], ...]  # the ranks of each node, each ascending, nodes by lowest rank
 
 
 @dataclass(frozen=True)
@@ -69,44 +78,153 @@ class Scheme:
 
     def groups(self) -> list[tuple[int, ...]]:
         """Distinct communicator groups, in a fixed order (every rank builds them alike)."""
-        seen: list[tuple[int, ...]] = []
+        return list(self.uses())
+
+    def uses(self) -> dict[tuple[int, ...], int]:
+        """How many steps each distinct group takes part in, groups in order of first use."""
+        uses: dict[tuple[int, ...], int] = {}
         for s in self.steps:
-            if s.group not in seen:
-                seen.append(s.group)
-        return seen
+            uses[s.group] = uses.get(s.group, 0) + 1
+        return uses
+
+    def block_counts(self, batch: int) -> list[list[int] | int]:
+        """Per step, when every preprocessor contributes its whole share: the samples each member
+        of a gather's or block broadcasts' group contributes (what it holds by then), or a
+        broadcast's batch size (what its root holds)."""
+        held = {r: ((r,) if r in self.preprocessors else ()) for r in range(self.n)}
+
+        def size(ranks) -> int:
+            return sum(hi - lo for lo, hi in (self.share(r, batch) for r in ranks))
+
+        out: list[list[int] | int] = []
+        for s in self.steps:
+            if isinstance(s, Broadcast):
+                out.append(size(held[s.root]))
+                whole = held[s.root]
+            else:
+                givers = s.group if isinstance(s, Gather) else s.roots
+                out.append([size(held[r]) if r in givers else 0 for r in s.group])
+                whole = tuple(r for g in givers for r in held[g])
+            for r in s.group:
+                held[r] = whole
+        return out
 
 
-def make_scheme(name: str, n: int, p: int | None, batch: int) -> Scheme:
-    """Resolve and validate a scheme for ``n`` members; raises :class:`ConfigError` naming the fix."""
+def one_node(n: int) -> Nodes:
+    """The layout when nothing says otherwise: all members on one node."""
+    return (tuple(range(n)),)
+
+
+def node_groups(node_of: list[int]) -> Nodes:
+    """The layout from each rank's node id (e.g. its shared-memory domain's lowest world rank)."""
+    groups: dict[int, list[int]] = {}
+    for rank, node in enumerate(node_of):
+        groups.setdefault(node, []).append(rank)
+    return tuple(sorted(tuple(g) for g in groups.values()))
+
+
+Plan = tuple[tuple[int, ...], tuple["Step", ...]]  # (preprocessors, steps)
+
+
+def _baseline(n: int, p: int, nodes: Nodes) -> Plan:
+    return tuple(range(n)), ()
+
+
+def _all_shared(n: int, p: int, nodes: Nodes) -> Plan:
+    return tuple(range(n)), (Gather(tuple(range(n))),)
+
+
+def _single_broadcast(n: int, p: int, nodes: Nodes) -> Plan:
+    pre = tuple(range(p))
+    return pre, (Gather(pre), Broadcast(tuple(range(p - 1, n)), p - 1))
+
+
+def _multi_broadcast(n: int, p: int, nodes: Nodes) -> Plan:
+    pre = tuple(range(p))
+    return pre, (BlockBroadcasts(tuple(range(n)), pre),)
+
+
+def _hierarchical(n: int, p: int, nodes: Nodes) -> Plan:
+    # Shares go node by node, so each node's part of the batch is one range and the leaders'
+    # all-gather assembles the batch in order (the same batch as All-Shared's).
+    pre = tuple(r for node in nodes for r in node)
+    if len(nodes) == 1:  # one node: the node's all-gather is the whole exchange
+        return pre, (Gather(pre),)
+    leaders = tuple(node[0] for node in nodes)
+    return pre, (*(Gather(node) for node in nodes), Gather(leaders),
+                 *(Broadcast(node, node[0]) for node in nodes))
+
+
+@dataclass(frozen=True)
+class SchemeKind:
+    """One registered scheme.
+
+    Attributes:
+      name: its name on the command line, in configs and in results.
+      summary: one line saying what it does.
+      plan: ``(n, p, nodes) -> (preprocessors, steps)``; steps within a group of one are dropped.
+      shared: whether members consume the same batches (everything but the baseline).
+      p_max: the largest P for n members (``None``: every member preprocesses, P = N, not chosen).
+    """
+
+    name: str
+    summary: str
+    plan: Callable[[int, int, Nodes], Plan]
+    shared: bool = True
+    p_max: Callable[[int], int] | None = None
+
+    @property
+    def takes_p(self) -> bool:
+        return self.p_max is not None
+
+    def p_rule(self, n: int | None = None) -> str:
+        below = self.p_max is not None and self.p_max(2) < 2
+        return "1 <= P < N" if below else "1 <= P <= N"
+
+
+SCHEME_KINDS: dict[str, SchemeKind] = {k.name: k for k in (
+    SchemeKind("baseline", "n duplicated pipelines: each member reads and preprocesses its own stream",
+               _baseline, shared=False),
+    SchemeKind("all_shared", "each member preprocesses 1/n of every batch; all-gather among all n", _all_shared),
+    SchemeKind("single_broadcast", "P members preprocess and all-gather; one broadcasts to the rest",
+               _single_broadcast, p_max=lambda n: n - 1),
+    SchemeKind("multi_broadcast", "P members preprocess; each broadcasts its block to all n at once",
+               _multi_broadcast, p_max=lambda n: n),
+    SchemeKind("hierarchical", "each member preprocesses 1/n; all-gather per node, across node leaders, "
+               "then a broadcast within each node", _hierarchical),
+)}
+
+
+def make_scheme(name: str, n: int, p: int | None, batch: int, nodes: Nodes | None = None) -> Scheme:
+    """Resolve and validate a scheme for ``n`` members on ``nodes`` (default: one node); raises
+    :class:`ConfigError` naming the fix."""
     if n < 1:
         raise ConfigError("n", f"an ensemble needs at least one member, got {n}", "launch with mpiexec -n N, N >= 1")
-    if name not in ("baseline", "all_shared", "single_broadcast", "multi_broadcast"):
-        raise ConfigError("scheme", f"unknown scheme {name!r}",
-                          "choose baseline, all_shared, single_broadcast or multi_broadcast")
-    everyone = tuple(range(n))
-    if name in ("baseline", "all_shared"):
+    if name not in SCHEME_KINDS:
+        raise ConfigError("scheme", f"unknown scheme {name!r}", f"choose one of {', '.join(SCHEME_KINDS)}")
+    kind = SCHEME_KINDS[name]
+    nodes = nodes or one_node(n)
+    if sorted(r for node in nodes for r in node) != list(range(n)):
+        raise ValueError(f"a node layout must hold each of the {n} ranks once, got {nodes}")
+    if not kind.takes_p:
         if p is not None and p != n:
             raise ConfigError("preprocessors", f"{name} uses every member as a preprocessor (P = N = {n}), got P = {p}",
                               "leave --preprocessors out for this scheme")
-        if name == "baseline":
-            return Scheme(name, n, n, everyone, (), shared=False)
-        _check_batch(batch, n)
-        return Scheme(name, n, n, everyone, _nontrivial(Gather(everyone)), shared=True)
-    rule = "1 <= P < N" if name == "single_broadcast" else "1 <= P <= N"
-    if p is None:
-        raise ConfigError("preprocessors", f"{name} needs the number of preprocessors P ({rule})",
-                          f"pass --preprocessors P with {rule} = {n}")
-    if not 1 <= p <= n or (name == "single_broadcast" and p == n):
-        same = " (P = N is All-Shared)" if name == "single_broadcast" and p == n else ""
-        raise ConfigError("preprocessors", f"{name} needs {rule} = {n}, got P = {p}{same}",
-                          f"pass --preprocessors between 1 and {n - 1 if name == 'single_broadcast' else n}"
-                          + (", or use --scheme all_shared" if same else ""))
-    _check_batch(batch, p)
-    pre = tuple(range(p))
-    if name == "single_broadcast":
-        steps: tuple[Step, ...] = (Gather(pre),) if p > 1 else ()
-        return Scheme(name, n, p, pre, steps + (Broadcast(tuple(range(p - 1, n)), p - 1),), shared=True)
-    return Scheme(name, n, p, pre, _nontrivial(BlockBroadcasts(everyone, pre)), shared=True)
+        p = n
+    else:
+        rule = kind.p_rule()
+        if p is None:
+            raise ConfigError("preprocessors", f"{name} needs the number of preprocessors P ({rule})",
+                              f"pass --preprocessors P with {rule} = {n}")
+        if not 1 <= p <= kind.p_max(n):
+            same = " (P = N is All-Shared)" if p == n and kind.p_max(n) < n else ""
+            raise ConfigError("preprocessors", f"{name} needs {rule} = {n}, got P = {p}{same}",
+                              f"pass --preprocessors between 1 and {kind.p_max(n)}"
+                              + (", or use --scheme all_shared" if same else ""))
+    if kind.shared:
+        _check_batch(batch, p)
+    pre, steps = kind.plan(n, p, nodes)
+    return Scheme(name, n, p, pre, _nontrivial(*steps), shared=kind.shared)
 
 
 def _nontrivial(*steps: Step) -> tuple[Step, ...]:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from enspipe.report.collect import ceiling_tolerance
-from enspipe.plan.config import SCHEMES
+from enspipe.plan.schemes import SCHEME_KINDS
 
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
 
@@ -45,7 +45,7 @@ def provenance(df: pd.DataFrame, machine: bool = True) -> str:
 
 def scheme_order(label: str) -> tuple[int, str]:
     """Sort key of a scheme or ``scheme (P=p)`` label: the schemes' order, then the label."""
-    return next((i for i, s in enumerate(SCHEMES) if str(label).startswith(s)), len(SCHEMES)), str(label)
+    return next((i for i, s in enumerate(SCHEME_KINDS) if str(label).startswith(s)), len(SCHEME_KINDS)), str(label)
 
 
 def flags(col: pd.Series, default: bool = False) -> pd.Series:
@@ -188,7 +188,7 @@ def solo_vs_parallel(df: pd.DataFrame) -> pd.DataFrame:
 
 # -- Section 6: sharing ---------------------------------------------------------------------------
 def scheme_label(scheme: str, p) -> str:
-    return scheme if scheme in ("baseline", "all_shared") else f"{scheme} (P={int(p)})"
+    return f"{scheme} (P={int(p)})" if SCHEME_KINDS[scheme].takes_p else scheme
 
 
 def peak_cells(df: pd.DataFrame, limited: bool) -> pd.DataFrame:
@@ -204,7 +204,7 @@ def broadcast_cpu(df: pd.DataFrame) -> pd.DataFrame:
     processes' (``relative_process``)."""
     key = ["network", "consumer", "n", "cores"]
     values = ["node_cpu_seconds_per_image", "process_cpu_seconds_per_image"]
-    d = df[df["scheme"].isin(["all_shared", "single_broadcast", "multi_broadcast"]) & (df["n"] > 1)]
+    d = df[df["scheme"].isin([k for k, kind in SCHEME_KINDS.items() if kind.shared]) & (df["n"] > 1)]
     g = d.groupby([*key, "scheme", "p"], as_index=False)[values].mean()
     ref = g[g["scheme"] == "all_shared"].set_index(key)[values].rename(columns=lambda c: "all_shared_" + c[:4])
     out = g[g["scheme"] != "all_shared"].join(ref, on=key).dropna(subset=["all_shared_node"])

@@ -25,9 +25,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from enspipe.plan.config import ConfigError, RunConfig
+from enspipe.plan.errors import ConfigError
+from enspipe.plan.config import RunConfig
 from enspipe.plan.grid import Cell
-from enspipe.plan.schemes import make_scheme
+from enspipe.plan.schemes import make_scheme, node_groups
 
 SUMMARY = "summary.json"
 FAILED_SUMMARY = "summary.failed.json"  # a finished cell that broke its exactly-once promise
@@ -92,6 +93,9 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
 
     rank, n = comm.Get_rank(), comm.Get_size()
     where = place(comm, MPI, cfg.cores)
+    # the plan again, now that the node layout is known (validated already, on one node)
+    scheme = make_scheme(cfg.scheme, n, cfg.preprocessors, cfg.global_batch,
+                         node_groups(comm.allgather(where.mpi_node)))
     os.makedirs(cfg.out, exist_ok=True)
     monitor = _start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
@@ -149,7 +153,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
         transport = HorovodTransport(*common, events=events)
     else:
         transport = Mpi4pyTransport(*common, max_batch=cfg.global_batch, queue_depth=cfg.queue_depth,
-                                    node_shm=cfg.node_shm, events=events)
+                                    node_shm=cfg.node_shm, events=events, uses=scheme.uses())
     engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt)
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
