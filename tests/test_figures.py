@@ -159,7 +159,7 @@ def test_paper_vs_run_verdicts(grid_dir):
 def test_render_writes_every_output_with_its_provenance(grid_dir):
     out = grid_dir / "figs"
     paths = figures.render(str(grid_dir / "cells.csv"), None, str(grid_dir / "idle.json"), str(out))
-    assert len(paths) == sum(len(e) for e in figures.OUTPUTS.values())
+    assert len(paths) == sum(len(o.formats) for o in figures.OUTPUTS.values())
     for p in paths:
         assert (out / p.rsplit("/", 1)[1]).stat().st_size > 0, p
     assert (out / "fig10a_peak_full_cores.png").stat().st_size > 10_000  # a real plot, not a placeholder
@@ -176,15 +176,25 @@ def test_missing_data_says_so_instead_of_failing(tmp_path):
     figures.render(str(tmp_path / "cells.csv"), None, None, str(tmp_path / "f"))
     for stem in ("table1_solo_vs_parallel", "table3_slowdown_1core", "table4_idle_power", "table5_energy"):
         assert "No data" in (tmp_path / "f" / f"{stem}.md").read_text(), stem
-    small = [s for s, e in figures.OUTPUTS.items() if "png" in e and s != "fig10a_peak_full_cores"]
+    small = [s for s, o in figures.OUTPUTS.items() if "png" in o.formats and s != "fig10a_peak_full_cores"]
     for stem in small:  # placeholders are small figures, not failures
         assert (tmp_path / "f" / f"{stem}.png").exists()
 
 
-def test_the_workflow_rule_lists_every_output():
+def test_the_workflow_rule_lists_every_registered_output_with_its_caption():
     import os
-    import re
 
-    rule = open(os.path.join(os.path.dirname(__file__), "..", "workflow", "rules", "figures.smk")).read()
-    listed = set(re.findall(r'"results/figures/([\w]+\.\w+)"', rule))
-    assert listed == {f"{s}.{e}" for s, es in figures.OUTPUTS.items() for e in es}
+    reported = []
+
+    def report(path, caption, category):
+        reported.append((path, caption, category))
+        return path
+
+    listed = figures.workflow_outputs(report)
+    assert listed == [f"results/figures/{s}.{e}" for s, o in figures.OUTPUTS.items() for e in o.formats]
+    assert {p.rsplit(".", 1)[1] for p, _, _ in reported} == set(figures.REPORTED)
+    assert {p.rsplit("/", 1)[1].rsplit(".", 1)[0] for p, _, _ in reported} == set(figures.OUTPUTS)  # all shown
+    rules = os.path.join(os.path.dirname(__file__), "..", "workflow", "rules")
+    for _, caption, _ in reported:
+        assert os.path.exists(os.path.join(rules, caption)), caption
+    assert "figures.workflow_outputs(report)" in open(os.path.join(rules, "figures.smk")).read()

@@ -134,8 +134,8 @@ def test_every_figure_and_table_and_the_html_report(local_run):
     wd, r = local_run
     assert r.returncode == 0, r.stderr[-4000:]
     figs = wd / "results" / "figures"
-    for stem, exts in OUTPUTS.items():
-        for ext in exts:
+    for stem, o in OUTPUTS.items():
+        for ext in o.formats:
             assert (figs / f"{stem}.{ext}").stat().st_size > 0, f"{stem}.{ext}"
     t2 = pd.read_csv(figs / "table2_core_usage.csv")  # the test grid's solo cell at 1 core
     assert t2["allowed"].sum() == 1 and len(t2) == os.cpu_count()

@@ -11,6 +11,7 @@ SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from enspipe.plan import grid  # noqa: E402
 from enspipe.plan.schemes import SCHEME_KINDS  # noqa: E402
+from enspipe.report import figures  # noqa: E402
 
 min_version("9.0")
 

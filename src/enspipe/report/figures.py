@@ -1,6 +1,7 @@
 """The paper's figures and tables from the tidy table of cells (``results/tables/cells.csv``).
 
-:func:`render` writes every output of :data:`OUTPUTS` into one folder: figures as PNG and PDF,
+:func:`render` writes every output registered in :data:`OUTPUTS` (its name, formats, report section
+and writer, declared once with :func:`output`) into one folder: figures as PNG and PDF,
 tables as CSV and Markdown. Each says where its numbers came from (measured / emulated
 accelerator / modelled power) and on what machine; where the grid produced no data for one, it
 says so in its place instead of failing. The data come from :mod:`enspipe.report.tables`, the paper
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -19,22 +22,49 @@ from enspipe.common.atomic import atomic_open
 from enspipe.report.tables import provenance, scheme_order
 
 FIG, TAB = ("png", "pdf"), ("csv", "md")
-OUTPUTS: dict[str, tuple[str, ...]] = {
-    "fig03_queue_occupancy": FIG,
-    "fig04_core_utilisation": FIG,
-    "table1_solo_vs_parallel": TAB,
-    "table2_core_usage": TAB,
-    "fig10a_peak_full_cores": FIG,
-    "fig10b_peak_core_limit": FIG,
-    "fig11_broadcast_cpu": FIG + TAB,
-    "fig12_cpu_reduction": FIG + TAB,
-    "fig13_core_limit_speedup": FIG + TAB,
-    "table3_slowdown_1core": TAB,
-    "table4_idle_power": TAB,
-    "table5_energy": TAB,
-    "fig14_power_over_time": FIG,
-    "paper_vs_run": TAB,
-}
+REPORTED = ("png", "csv")  # the formats the HTML report shows; the others sit beside them
+
+
+@dataclass(frozen=True)
+class Output:
+    """One figure or table: its file stem, formats, section of the HTML report (whose caption is
+    ``workflow/report/<name>.rst``) and the function that writes it at a path stem."""
+
+    name: str
+    formats: tuple[str, ...]
+    category: str
+    write: Callable[["Inputs", str], None]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every output is drawn from: the cell table, its derived tables, calibration, idle power."""
+
+    df: pd.DataFrame
+    tables: dict
+    rates: dict | None
+    idle: dict | None
+
+    @property
+    def source(self) -> str:  # where the training cells' numbers came from
+        return provenance(self.df.query(tables.TRAINING))
+
+
+OUTPUTS: dict[str, Output] = {}  # the registry, in the report's order; filled by @output below
+
+
+def output(name: str, formats: tuple[str, ...], category: str):
+    def register(write):
+        OUTPUTS[name] = Output(name, formats, category, write)
+        return write
+    return register
+
+
+def workflow_outputs(report) -> list:
+    """The figures rule's outputs, each reported format wrapped by Snakemake's ``report``."""
+    return [report(f"results/figures/{o.name}.{ext}", caption=f"../report/{o.name}.rst", category=o.category)
+            if ext in REPORTED else f"results/figures/{o.name}.{ext}"
+            for o in OUTPUTS.values() for ext in o.formats]
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -277,53 +307,115 @@ def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
 def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_dir: str) -> list[str]:
     """Render every output of :data:`OUTPUTS` into ``out_dir``; returns the paths written."""
     df = tables.load(table_csv)
-    rates = _json(rates_json)
+    derived = {"table1": tables.solo_vs_parallel(df), "table2": tables.core_usage_under_limit(df),
+               "fig11": tables.broadcast_cpu(df), "fig12": tables.cpu_reduction(df),
+               "fig13": tables.core_limit_speedup(df), "table3": tables.slowdown_at_one_core(df),
+               "table5": tables.energy(df)}
     idle = _json(idle_json)
+    derived["table4"] = tables.idle_power(idle, df)
+    ins = Inputs(df, derived, _json(rates_json), idle)
     os.makedirs(out_dir, exist_ok=True)
-    stem = lambda name: os.path.join(out_dir, name)  # noqa: E731
-    train = df.query(tables.TRAINING)
-    src = provenance(train)
-    t = {"table1": tables.solo_vs_parallel(df), "table2": tables.core_usage_under_limit(df),
-         "fig11": tables.broadcast_cpu(df), "fig12": tables.cpu_reduction(df), "fig13": tables.core_limit_speedup(df),
-         "table3": tables.slowdown_at_one_core(df), "table4": tables.idle_power(idle, df), "table5": tables.energy(df)}
+    for o in OUTPUTS.values():
+        o.write(ins, os.path.join(out_dir, o.name))
+    return [os.path.join(out_dir, f"{o.name}.{ext}") for o in OUTPUTS.values() for ext in o.formats]
 
-    queue_figure(df, stem("fig03_queue_occupancy"))
-    utilisation_figure(df, stem("fig04_core_utilisation"))
-    write_table(t["table1"], stem("table1_solo_vs_parallel"),
+
+ALONE, PEAK, CPU, LIMITS, ENERGY, PAPER = ("1 One member alone", "2 Peak throughput", "3 CPU", "4 Core limits",
+                                           "5 Energy", "0 Paper vs this run")
+
+
+@output("fig03_queue_occupancy", FIG, ALONE)
+def _fig03(ins: Inputs, stem: str) -> None:
+    queue_figure(ins.df, stem)
+
+
+@output("fig04_core_utilisation", FIG, ALONE)
+def _fig04(ins: Inputs, stem: str) -> None:
+    utilisation_figure(ins.df, stem)
+
+
+@output("table1_solo_vs_parallel", TAB, ALONE)
+def _table1(ins: Inputs, stem: str) -> None:
+    write_table(ins.tables["table1"], stem,
                 "Table 1: runtime (s) of the measured steps, one member alone vs the baseline ensemble's members "
-                f"in parallel; `hosts`: nodes the members shared ({src})")
-    write_table(t["table2"], stem("table2_core_usage"),
+                f"in parallel; `hosts`: nodes the members shared ({ins.source})")
+
+
+@output("table2_core_usage", TAB, ALONE)
+def _table2(ins: Inputs, stem: str) -> None:
+    write_table(ins.tables["table2"], stem,
                 "Table 2: average busy % per core in the measured window, one member alone under a core limit; "
                 "`allowed`: the member was pinned there (mpstat)")
-    peak_figure(df, rates, stem("fig10a_peak_full_cores"), limited=False)
-    peak_figure(df, rates, stem("fig10b_peak_core_limit"), limited=True)
-    broadcast_cpu_figure(t["fig11"], df, stem("fig11_broadcast_cpu"))
-    write_table(t["fig11"], stem("fig11_broadcast_cpu"),
-                f"Fig. 11 data: CPU-s per delivered image, node (mpstat) and the cells' own processes ({src})")
-    pair_figure(t["fig12"], "reduction", df, stem("fig12_cpu_reduction"),
+
+
+@output("fig10a_peak_full_cores", FIG, PEAK)
+def _fig10a(ins: Inputs, stem: str) -> None:
+    peak_figure(ins.df, ins.rates, stem, limited=False)
+
+
+@output("fig10b_peak_core_limit", FIG, PEAK)
+def _fig10b(ins: Inputs, stem: str) -> None:
+    peak_figure(ins.df, ins.rates, stem, limited=True)
+
+
+@output("fig11_broadcast_cpu", FIG + TAB, CPU)
+def _fig11(ins: Inputs, stem: str) -> None:
+    broadcast_cpu_figure(ins.tables["fig11"], ins.df, stem)
+    write_table(ins.tables["fig11"], stem,
+                f"Fig. 11 data: CPU-s per delivered image, node (mpstat) and the cells' own processes ({ins.source})")
+
+
+@output("fig12_cpu_reduction", FIG + TAB, CPU)
+def _fig12(ins: Inputs, stem: str) -> None:
+    pair_figure(ins.tables["fig12"], "reduction", ins.df, stem,
                 "Fig. 12: CPU reduction, All-Shared vs baseline", "baseline / All-Shared (node CPU-s per image)",
                 marker="reduction_process", marker_label="by the cells' own process CPU", ceiling="n",
                 flag="exceeds_ceiling")
-    write_table(t["fig12"], stem("fig12_cpu_reduction"),
+    write_table(ins.tables["fig12"], stem,
                 "Fig. 12 data: CPU-s per delivered image, node (mpstat) and the cells' own processes (`_process`); "
-                f"`exceeds_ceiling`: a reduction above n, a measuring error ({src})")
-    pair_figure(t["fig13"], "speedup", df, stem("fig13_core_limit_speedup"),
+                f"`exceeds_ceiling`: a reduction above n, a measuring error ({ins.source})")
+
+
+@output("fig13_core_limit_speedup", FIG + TAB, LIMITS)
+def _fig13(ins: Inputs, stem: str) -> None:
+    pair_figure(ins.tables["fig13"], "speedup", ins.df, stem,
                 "Fig. 13: runtime improvement of All-Shared over the baseline under core limits",
                 "baseline runtime / All-Shared runtime")
-    write_table(t["fig13"], stem("fig13_core_limit_speedup"),
-                f"Fig. 13 data: images/s per member, and CPU-s per delivered image, node and process ({src})")
-    write_table(t["table3"], stem("table3_slowdown_1core"), f"Table 3: slowdown at 1 core vs full cores ({src})")
+    write_table(ins.tables["fig13"], stem,
+                f"Fig. 13 data: images/s per member, and CPU-s per delivered image, node and process ({ins.source})")
+
+
+@output("table3_slowdown_1core", TAB, LIMITS)
+def _table3(ins: Inputs, stem: str) -> None:
+    write_table(ins.tables["table3"], stem, f"Table 3: slowdown at 1 core vs full cores ({ins.source})")
+
+
+@output("table4_idle_power", TAB, ENERGY)
+def _table4(ins: Inputs, stem: str) -> None:
+    idle = ins.idle
     idle_src = f"{idle['source']}{' (MODELLED)' if idle.get('modelled') else ''}" if idle else "none"
-    write_table(t["table4"], stem("table4_idle_power"),
+    write_table(ins.tables["table4"], stem,
                 f"Table 4: idle power of the node (source: {idle_src}) and the largest power any cell drew")
-    write_table(t["table5"], stem("table5_energy"),
+
+
+@output("table5_energy", TAB, ENERGY)
+def _table5(ins: Inputs, stem: str) -> None:
+    train = ins.df.query(tables.TRAINING)
+    write_table(ins.tables["table5"], stem,
                 "Table 5: mean power during training with and without idle, and All-Shared's savings above idle "
                 f"({provenance(train.dropna(subset=['energy_source']))})")
-    power_figure(df, idle, stem("fig14_power_over_time"))
-    write_table(findings.paper_vs_run(df, t), stem("paper_vs_run"),
+
+
+@output("fig14_power_over_time", FIG, ENERGY)
+def _fig14(ins: Inputs, stem: str) -> None:
+    power_figure(ins.df, ins.idle, stem)
+
+
+@output("paper_vs_run", TAB, PAPER)
+def _paper_vs_run(ins: Inputs, stem: str) -> None:
+    write_table(findings.paper_vs_run(ins.df, ins.tables), stem,
                 "Paper vs this run: each headline finding, the paper's numbers (16-core Titan nodes, one member per "
-                f"node), this run's, and whether it holds here ({provenance(df)})")
-    return [f"{stem(name)}.{ext}" for name, exts in OUTPUTS.items() for ext in exts]
+                f"node), this run's, and whether it holds here ({provenance(ins.df)})")
 
 
 def _json(path: str | None) -> dict | None:
