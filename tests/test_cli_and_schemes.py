@@ -154,3 +154,19 @@ def test_thread_pools_are_sized_from_the_hosts_cores(cores, members, host_cpus, 
 
     p = Placement("h", 0, members, host_cpus, 0, cores, sharing, {})
     assert p.threads == threads
+
+
+def test_run_options_are_declared_once_on_the_run_config(dataset, tmp_path):
+    """The parser is built from RunConfig's fields: each default is the field's, each value parses."""
+    from enspipe.cli import build_parser, config_from_args
+    from enspipe.plan.config import option_fields
+
+    base = ["run", "--data", str(dataset), "--out", str(tmp_path)]
+    cfg = config_from_args(build_parser().parse_args(
+        base + ["--lr", "0.1,0.2", "--no-node-shm", "--power", "modelled", "--cores", "1", "--skip-corrupt"]))
+    assert (cfg.lrs, cfg.node_shm, cfg.power, cfg.cores, cfg.on_corrupt) == ((0.1, 0.2), False, ("modelled",), 1, "skip")
+    defaults = config_from_args(build_parser().parse_args(base))
+    options = [f for f in option_fields() if f.name not in ("data", "out")]
+    assert len(options) > 25
+    for f in options:
+        assert getattr(defaults, f.name) == f.default, f.name

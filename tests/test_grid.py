@@ -201,3 +201,16 @@ def test_the_default_grid_drops_nothing_and_the_papers_says_what_it_drops():
     assert grid.expand(_config("config"))[1] == []
     notes = grid.expand(_config("paper"))[1]  # e.g. All-Shared's batch of 128 among n = 130..150 members
     assert notes and all(any(rule in n for rule in ("P < N", "P <= N", "batch >= P")) for n in notes)
+
+
+def test_the_schemas_run_defaults_are_run_configs():
+    """Where the workflow's schema spells out a run option's default, it is RunConfig's (one value)."""
+    from enspipe.plan.config import default
+
+    schema = yaml.safe_load(open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")))
+    power = schema["properties"]["power"]["properties"]
+    assert tuple(power["sources"]["default"]) == default("power")
+    assert power["idle_watts"]["default"] == default("idle_watts")
+    assert power["watts_per_core"]["default"] == default("watts_per_core")
+    assert schema["properties"]["seed"]["default"] == default("seed")
+    assert schema["properties"]["monitor_interval"]["default"] == default("monitor_interval")

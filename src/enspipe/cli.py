@@ -9,37 +9,7 @@ import argparse
 import sys
 
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.config import (CONSUMERS, CPU_MONITORS, ON_CORRUPT, SCHEMES, TRANSPORTS, WIRE_DTYPES, RunConfig)
-from enspipe.plan.schemes import SCHEME_KINDS
-
-
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _lrs(s: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in s.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
-
-
-def _names(s: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in s.split(",") if x.strip())
-
-
-def _add_power_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--power", type=_names, default=("auto",),
-                   help="energy sources by preference: auto, or a comma list of rapl, nvml, slurm, external, modelled")
-    p.add_argument("--power-csv", default=None, help="an external meter's (timestamp, watts) CSV")
-    p.add_argument("--idle-watts", type=float, default=50.0, help="power model: idle watts per node")
-    p.add_argument("--watts-per-core", type=float, default=10.0, help="power model: watts per fully busy core")
+from enspipe.plan.config import POWER_OPTIONS, RunConfig, add_options, from_options, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,15 +20,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     mk = sub.add_parser("make-dataset", help="write the embedded synthetic JPEG TFRecord dataset")
     mk.add_argument("--out", required=True, help="output directory")
-    mk.add_argument("--num-images", type=_positive_int, required=True, help="number of images M (>= 1)")
+    mk.add_argument("--num-images", type=positive_int, required=True, help="number of images M (>= 1)")
     mk.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    mk.add_argument("--num-classes", type=_positive_int, default=100, help="number of classes (default 100)")
-    mk.add_argument("--images-per-shard", type=_positive_int, default=256, help="records per shard (default 256)")
+    mk.add_argument("--num-classes", type=positive_int, default=100, help="number of classes (default 100)")
+    mk.add_argument("--images-per-shard", type=positive_int, default=256, help="records per shard (default 256)")
 
     cv = sub.add_parser("convert", help="convert JPEG class folders into Slim TFRecord shards")
     cv.add_argument("--jpeg-dir", required=True, help="folder with one subfolder of JPEGs per class")
     cv.add_argument("--out", required=True, help="output directory")
-    cv.add_argument("--images-per-shard", type=_positive_int, default=1024)
+    cv.add_argument("--images-per-shard", type=positive_int, default=1024)
 
     ix = sub.add_parser("index", help="scan a TFRecord/JPEG dataset and write its manifest.json")
     ix.add_argument("--data", required=True)
@@ -70,69 +40,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run one cell: one ensemble member per MPI rank (use mpiexec -n N)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("--data", required=True, help="dataset directory (TFRecord shards or JPEG class folders)")
-    r.add_argument("--out", required=True, help="output directory for event logs and summary.json")
-    r.add_argument("--network", default="alexnet_v2", choices=list(NETWORKS), help="network to train")
-    r.add_argument("--consumer", default="peak", choices=CONSUMERS,
-                   help="train: real SGD; emulated: accelerator stand-in at --rate; peak: dequeue only")
-    r.add_argument("--batch-size", type=_positive_int, default=None, help="global batch (default: the network's)")
-    r.add_argument("--steps", type=_positive_int, default=100, help="measured steps per member")
-    r.add_argument("--warmup", type=_positive_int, default=10, help="unmeasured steps first (0 is valid)")
-    r.add_argument("--cores", type=_positive_int, default=None, help="CPU cores per member (default: all)")
-    r.add_argument("--image-size", type=_positive_int, default=224, help="preprocessed image side in px")
-    r.add_argument("--scheme", default="baseline", choices=SCHEMES,
-                   help="sharing scheme: " + "; ".join(f"{k}: {kind.summary}" for k, kind in SCHEME_KINDS.items()))
-    r.add_argument("--preprocessors", type=_positive_int, default=None,
-                   help="P, for " + " / ".join(k for k, kind in SCHEME_KINDS.items() if kind.takes_p)
-                   + " (P = N for the others)")
-    r.add_argument("--rate", type=float, default=None, help="emulated accelerator rate rc in images/s")
+    add_options(r)  # every RunConfig field, declared there once
     r.add_argument("--rate-from", default=None,
                    help="take the network's rc from this calibration file (the workflow's rates.json)")
-    r.add_argument("--seed", type=int, default=0, help="base seed for order, augmentation and initialisation")
-    r.add_argument("--rep", type=int, default=0,
-                   help="which repeat of its cell this run is (recorded in the summary; changes nothing else)")
-    r.add_argument("--lr", type=_lrs, default=(0.01,), help="learning rates, member m uses the (m mod k)-th")
-    r.add_argument("--shuffle-buffer", type=_positive_int, default=1024,
-                   help="records; 0 = canonical order; at most a quarter of a TFRecord dataset is used")
-    r.add_argument("--queue-depth", type=_positive_int, default=4, help="capacity of each stage queue, in batches")
-    r.add_argument("--on-corrupt", default="fail", choices=ON_CORRUPT,
-                   help="an undecodable image or a corrupt record: fail naming it, or skip it and count it")
     r.add_argument("--skip-corrupt", dest="on_corrupt", action="store_const", const="skip",
                    help="the same as --on-corrupt skip")
-    r.add_argument("--fast-mode", action="store_true", help="Slim inception fast_mode (off in the paper)")
-    r.add_argument("--wire-dtype", default="float32", choices=WIRE_DTYPES,
-                   help="uint8 quantises after preprocessing: 4x less traffic, lossy by 1/255 of the range")
-    r.add_argument("--transport", default="mpi4py", choices=TRANSPORTS,
-                   help="collective library: mpi4py communicators, or Horovod process sets (make horovod)")
-    r.add_argument("--batch-checksums", action="store_true",
-                   help="log a checksum of every delivered batch's pixels and metadata (to compare transports; "
-                        "costs a hash per batch)")
-    r.add_argument("--no-node-shm", dest="node_shm", action="store_false",
-                   help="exchange through MPI collectives only, not node-shared memory (for comparison)")
-    r.add_argument("--sample-interval", type=float, default=0.1, help="seconds between queue-occupancy samples")
-    r.add_argument("--peer-timeout", type=float, default=10.0,
-                   help="seconds a member may go unheard before the job counts it lost and aborts")
-    r.add_argument("--cpu-monitor", default="auto", choices=CPU_MONITORS,
-                   help="per-node CPU monitor: mpstat (sysstat), psutil, auto (mpstat if installed) or none")
-    r.add_argument("--monitor-interval", type=_positive_int, default=1, help="seconds between CPU samples")
-    r.add_argument("--idle-power", default=None, help="idle-power file from `enspipe idle-power`")
-    _add_power_options(r)
 
     rc = sub.add_parser("calibrate-rc", help="measure the accelerator's training rate rc on a fixed batch",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     rc.add_argument("--network", required=True, choices=list(NETWORKS))
-    rc.add_argument("--batch-size", type=_positive_int, default=None, help="default: the network's")
-    rc.add_argument("--image-size", type=_positive_int, default=224)
-    rc.add_argument("--steps", type=_positive_int, default=50)
-    rc.add_argument("--warmup", type=_positive_int, default=5)
-    rc.add_argument("--num-classes", type=_positive_int, default=1000)
+    rc.add_argument("--batch-size", type=positive_int, default=None, help="default: the network's")
+    rc.add_argument("--image-size", type=positive_int, default=224)
+    rc.add_argument("--steps", type=positive_int, default=50)
+    rc.add_argument("--warmup", type=positive_int, default=5)
+    rc.add_argument("--num-classes", type=positive_int, default=1000)
     rc.add_argument("--out", required=True, help="the JSON file to write")
 
     ip = sub.add_parser("idle-power", help="measure this node's idle power and store it for energy above idle",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ip.add_argument("--out", required=True, help="the idle-power JSON file to write")
     ip.add_argument("--seconds", type=float, default=30.0, help="how long to sample (keep the node idle)")
-    _add_power_options(ip)
+    add_options(ip, only=POWER_OPTIONS)
     return p
 
 
@@ -156,15 +84,7 @@ def _rate(a: argparse.Namespace) -> tuple[float | None, str | None]:
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     rate, rate_source = _rate(a)
-    return RunConfig(data=a.data, out=a.out, network=a.network, consumer=a.consumer, batch_size=a.batch_size,
-                     steps=a.steps, warmup=a.warmup, cores=a.cores, image_size=a.image_size, scheme=a.scheme,
-                     preprocessors=a.preprocessors, rate=rate, rate_source=rate_source, seed=a.seed, rep=a.rep, lrs=a.lr,
-                     shuffle_buffer=a.shuffle_buffer, queue_depth=a.queue_depth, on_corrupt=a.on_corrupt,
-                     fast_mode=a.fast_mode, wire_dtype=a.wire_dtype, transport=a.transport,
-                     sample_interval=a.sample_interval, peer_timeout=a.peer_timeout, node_shm=a.node_shm, batch_checksums=a.batch_checksums,
-                     cpu_monitor=a.cpu_monitor,
-                     monitor_interval=a.monitor_interval, power=a.power, power_csv=a.power_csv,
-                     idle_power=a.idle_power, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)
+    return from_options(a, rate=rate, rate_source=rate_source)
 
 
 def main(argv: list[str] | None = None) -> int:

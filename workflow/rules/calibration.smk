@@ -15,8 +15,8 @@ rule calibrate:
     threads: exclusive_threads  # alone on the machine, like every measurement
     resources:
         cpus_per_task=cores_per_task,
-        mem_mb=SLURM.get("mem_mb_per_task", 4000),
-        runtime=SLURM.get("runtime", 30),
+        mem_mb=SLURM["mem_mb_per_task"],
+        runtime=SLURM["runtime"],
         slurm_extra=slurm_extra,
     shell:
         "{params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
@@ -35,9 +35,9 @@ rule calibrate_rc:
         "results/logs/calibration/{network}/rc.log",
     threads: exclusive_threads
     resources:
-        cpus_per_task=SLURM.get("full_cores", 1),
-        mem_mb=SLURM.get("mem_mb_per_task", 4000),
-        runtime=SLURM.get("runtime", 30),
+        cpus_per_task=SLURM["full_cores"],
+        mem_mb=SLURM["mem_mb_per_task"],
+        runtime=SLURM["runtime"],
         slurm_extra=slurm_extra,
     shell:
         "{params.enspipe} calibrate-rc {params.args} --out {output.rc} > {log} 2>&1"

@@ -19,8 +19,8 @@ rule cell_single:
     threads: exclusive_threads
     resources:
         cpus_per_task=cores_per_task,
-        mem_mb=SLURM.get("mem_mb_per_task", 4000),
-        runtime=SLURM.get("runtime", 30),
+        mem_mb=SLURM["mem_mb_per_task"],
+        runtime=SLURM["runtime"],
         slurm_extra=slurm_extra,
     shell:
         "{params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
@@ -44,10 +44,10 @@ rule cell_mpi:
     threads: exclusive_threads
     resources:
         tasks=lambda wildcards: int(wildcards.n),
-        mpi=config.get("mpi", {}).get("launcher", "mpiexec"),
+        mpi=config["mpi"]["launcher"],
         cpus_per_task=cores_per_task,
-        mem_mb=lambda wildcards: int(wildcards.n) * SLURM.get("mem_mb_per_task", 4000),
-        runtime=SLURM.get("runtime", 30),
+        mem_mb=lambda wildcards: int(wildcards.n) * SLURM["mem_mb_per_task"],
+        runtime=SLURM["runtime"],
         slurm_extra=slurm_extra,
     shell:
         "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"

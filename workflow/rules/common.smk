@@ -81,7 +81,7 @@ def cell_args(wildcards, input, n=None):
 
 
 def cores_per_task(wildcards):
-    return SLURM.get("full_cores", 1) if wildcards.cores == "all" else int(wildcards.cores)
+    return SLURM["full_cores"] if wildcards.cores == "all" else int(wildcards.cores)
 
 
 def exclusive_threads(wildcards):
@@ -94,7 +94,7 @@ def exclusive_threads(wildcards):
 
 
 def slurm_extra(wildcards):
-    return "--exclusive" if SLURM.get("exclusive", True) else ""
+    return "--exclusive" if SLURM["exclusive"] else ""
 
 
 def dataset_command():
@@ -127,9 +127,8 @@ def rc_args(wildcards):
 
 
 def idle_args():
-    p = config.get("power", {})
-    args = ["--seconds", str(p.get("idle_seconds", 10)), "--power", ",".join(p.get("sources", ["auto"])),
-            "--idle-watts", str(p.get("idle_watts", 50))]
+    p = config["power"]  # the schema's defaults filled in (tests/test_grid.py holds them to RunConfig's)
+    args = ["--seconds", str(p["idle_seconds"]), "--power", ",".join(p["sources"]), "--idle-watts", str(p["idle_watts"])]
     if p.get("csv"):
         args += ["--power-csv", str(p["csv"])]
     return grid.shell_args(args)

@@ -5,6 +5,7 @@ starts, with a :class:`ConfigError` that names the field (as its command-line op
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -24,95 +25,112 @@ ON_CORRUPT = ("fail", "skip")
 MAX_SAMPLE_INTERVAL = 60.0  # seconds
 
 
+def positive_int(s: str) -> int:
+    """An option's integer >= 0 (the config's checks set each one's own lower bound)."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def numbers(s: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in s.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+
+
+def names(s: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def option(default, help: str, *, parse=None, choices=None, flag: str | None = None, metavar: str | None = None):
+    """A :class:`RunConfig` field that is also an ``enspipe run`` option: its default, its help,
+    how the command line's text becomes its value (``parse``; booleans are switches) and its
+    choices (a tuple, or a function returning one, read when the parser is built). ``flag``
+    overrides ``--field-name`` (``--no-node-shm`` turns ``node_shm`` off)."""
+    meta = {"help": help, "parse": parse, "choices": choices, "flag": flag, "metavar": metavar}
+    return field(default=default, metadata={"option": meta})
+
+
+def _networks() -> tuple[str, ...]:
+    from enspipe.models.networks import NETWORKS
+
+    return tuple(NETWORKS)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one cell (one MPI job) needs.
 
-    Attributes:
-      data: a dataset directory: TF-Slim ImageNet TFRecord shards (with or without the
-        ``manifest.json`` that ``enspipe make-dataset`` writes) or JPEG folders, one per class.
-      out: output directory; ``summary.json`` appears there last and atomically.
-      network: one of :data:`enspipe.models.networks.NETWORKS`.
-      consumer: ``train`` (real SGD steps), ``emulated`` (an accelerator stand-in that waits
-        batch/rate seconds without using CPU) or ``peak`` (dequeue as fast as possible).
-      batch_size: global batch size per member; ``None`` means the network's paper default.
-      steps: measured steps per member. warmup: unmeasured steps before them (0 is valid).
-      cores: CPU cores per member, enforced by affinity and thread pools; ``None`` = all
-        cores this process may use.
-      image_size: side of the square preprocessed image (224 in the paper).
-      scheme: how members share preprocessing (``baseline`` shares nothing).
-      preprocessors: P, the number of preprocessing members for the broadcast schemes.
-      rate: the emulated accelerator's rate rc in images/s (``emulated`` only).
-      rate_source: where ``rate`` came from (a calibration file, or the command line).
-      seed: base seed; data order, preprocessing and initialisation derive from it.
-      rep: which repeat of its cell this run is; recorded in the summary's cell identity, it
-        changes nothing else (the grid varies ``seed`` per repeat).
-      lrs: learning rates, member m uses ``lrs[m % len(lrs)]`` (ensemble members differ in
-        learning rate and initialisation seed, as in the paper).
-      shuffle_buffer: records in the seeded shuffle buffer (0 = canonical order); at most a quarter
-        of a TFRecord dataset is used (:func:`enspipe.data.shards.effective_shuffle_buffer`).
-      queue_depth: capacity, in batches, of each bounded stage queue.
-      on_corrupt: ``fail`` (the default) stops the run at an undecodable image or a corrupt record,
-        naming it; ``skip`` skips it and counts it (only it: the rest of its shard is still read).
-        Either way a run that delivers an epoch short of what the manifest promises, beyond what it
-        skipped, fails naming the shards.
-      fast_mode: TF-Slim's inception ``fast_mode`` (off in the paper).
-      wire_dtype: element type of preprocessed images on the wire; ``uint8`` is lossy (1/255).
-      transport: collective library for the exchange: ``mpi4py`` (communicators) or ``horovod``
-        (process sets; needs the Horovod build of ``make horovod``).
-      sample_interval: seconds between queue-occupancy samples.
-      peer_timeout: seconds a member may go unheard (the heartbeat ring of :mod:`enspipe.common.liveness`)
-        before the job counts it lost and aborts.
-      node_shm: assemble shared batches in node-shared memory (one copy per block within a
-        node); off: the MPI collectives themselves on every link. mpi4py transport only.
-      batch_checksums: log a checksum of each delivered batch's bytes (pixels and metadata) in
-        the step events, to compare transports bit for bit.
-      cpu_monitor: the per-node CPU monitor: ``mpstat`` (sysstat), ``psutil``, ``auto`` (mpstat
-        where installed, else psutil) or ``none``.
-      monitor_interval: seconds between CPU samples (whole seconds: mpstat's unit).
-      power: energy sources, in order of preference for the headline figure: ``rapl``,
-        ``nvml``, ``slurm`` (sstat of the job step), ``external`` (a meter CSV), ``modelled``;
-        ``auto`` is external > slurm > rapl+nvml > modelled, whatever is available.
-      power_csv: an external meter's (timestamp, watts) CSV covering the cell.
-      idle_power: the idle-power file written by ``enspipe idle-power``; without it the idle
-        figure is the model's ``idle_watts`` (and says so).
-      idle_watts, watts_per_core: the power model: ``idle_watts + watts_per_core * busy cores``
-        per node. Its results are labelled ``modelled``.
+    Every field but ``rate_source`` and ``extra`` is an ``enspipe run`` option, declared here once
+    with its default, help and parser (:func:`option`); :func:`add_options` builds the command
+    line from them and :meth:`__post_init__` validates every value, naming the option and the fix.
+    ``rate_source`` says where ``rate`` came from (a calibration file, or the command line).
     """
 
-    data: str
-    out: str
-    network: str = "alexnet_v2"
-    consumer: str = "peak"
-    batch_size: int | None = None
-    steps: int = 100
-    warmup: int = 10
-    cores: int | None = None
-    image_size: int = 224
-    scheme: str = "baseline"
-    preprocessors: int | None = None
-    rate: float | None = None
+    data: str = option(None, "a dataset directory: TF-Slim ImageNet TFRecord shards (with or without the "
+                       "manifest.json that `enspipe make-dataset` writes) or JPEG folders, one per class")
+    out: str = option(None, "output directory for the event logs; summary.json appears there last and atomically")
+    network: str = option("alexnet_v2", "the network each member trains", choices=_networks)
+    consumer: str = option("peak", "train: real SGD steps; emulated: an accelerator stand-in that waits "
+                           "batch/--rate seconds without using CPU; peak: dequeue as fast as possible",
+                           choices=CONSUMERS)
+    batch_size: int | None = option(None, "global batch; None: the network's, as in the paper", parse=positive_int)
+    steps: int = option(100, "measured steps per member", parse=positive_int)
+    warmup: int = option(10, "unmeasured steps before them (0 is valid)", parse=positive_int)
+    cores: int | None = option(None, "CPU cores per member, enforced by affinity and thread pools; "
+                               "None: all the cores this process may use", parse=positive_int)
+    image_size: int = option(224, "side in px of the square preprocessed image (224 in the paper)",
+                             parse=positive_int)
+    scheme: str = option("baseline", "how members share preprocessing: " + "; ".join(
+        f"{k}: {kind.summary}" for k, kind in SCHEME_KINDS.items()), choices=SCHEMES)
+    preprocessors: int | None = option(None, "P, the preprocessing members, for " + " / ".join(
+        k for k, kind in SCHEME_KINDS.items() if kind.takes_p) + " (P = N for the others)", parse=positive_int)
+    rate: float | None = option(None, "the emulated accelerator's rate rc in images/s (emulated only)", parse=float)
     rate_source: str | None = None
-    seed: int = 0
-    rep: int = 0
-    lrs: tuple[float, ...] = (0.01,)
-    shuffle_buffer: int = 1024
-    queue_depth: int = 4
-    on_corrupt: str = "fail"
-    peer_timeout: float = 10.0
-    fast_mode: bool = False
-    wire_dtype: str = "float32"
-    transport: str = "mpi4py"
-    sample_interval: float = 0.1
-    node_shm: bool = True
-    batch_checksums: bool = False
-    cpu_monitor: str = "auto"
-    monitor_interval: int = 1
-    power: tuple[str, ...] = ("auto",)
-    power_csv: str | None = None
-    idle_power: str | None = None
-    idle_watts: float = 50.0
-    watts_per_core: float = 10.0
+    seed: int = option(0, "base seed: data order, preprocessing and initialisation derive from it", parse=int)
+    rep: int = option(0, "which repeat of its cell this run is: recorded in the summary's cell identity, it changes "
+                      "nothing else (the grid varies --seed per repeat)", parse=positive_int)
+    lrs: tuple[float, ...] = option((0.01,), "learning rates; member m uses the (m mod k)-th (members differ in "
+                                    "learning rate and initialisation seed, as in the paper)",
+                                    parse=numbers, flag="--lr", metavar="LR[,LR...]")
+    shuffle_buffer: int = option(1024, "records in the seeded shuffle buffer (0 = canonical order); at most a "
+                                 "quarter of a TFRecord dataset is used", parse=positive_int)
+    queue_depth: int = option(4, "capacity of each bounded stage queue, in batches", parse=positive_int)
+    on_corrupt: str = option("fail", "an undecodable image or a corrupt record: fail naming it, or skip it and "
+                             "count it (only it: the rest of its shard is still read); either way an epoch short "
+                             "of the manifest's, beyond what was skipped, fails naming the shards",
+                             choices=ON_CORRUPT)
+    peer_timeout: float = option(10.0, "seconds a member may go unheard (the heartbeat ring) before the job "
+                                 "counts it lost and aborts", parse=float)
+    fast_mode: bool = option(False, "TF-Slim's inception fast_mode (off in the paper)")
+    wire_dtype: str = option("float32", "element type of preprocessed images on the wire; uint8 quantises after "
+                             "preprocessing: 4x less traffic, lossy by 1/255 of the range", choices=WIRE_DTYPES)
+    transport: str = option("mpi4py", "collective library: mpi4py communicators, or Horovod process sets "
+                            "(the build of `make horovod`)", choices=TRANSPORTS)
+    sample_interval: float = option(0.1, "seconds between queue-occupancy samples", parse=float)
+    node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
+                            "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
+    batch_checksums: bool = option(False, "log a checksum of every delivered batch's pixels and metadata in the step "
+                                   "events, to compare transports bit for bit (costs a hash per batch)")
+    cpu_monitor: str = option("auto", "per-node CPU monitor: mpstat (sysstat), psutil, auto (mpstat where "
+                              "installed, else psutil) or none", choices=CPU_MONITORS)
+    monitor_interval: int = option(1, "seconds between CPU samples (whole seconds: mpstat's unit)",
+                                   parse=positive_int)
+    power: tuple[str, ...] = option(("auto",), "energy sources by preference for the headline figure: auto "
+                                    "(external > slurm > rapl+nvml > modelled, whatever is available) or a comma "
+                                    "list of rapl, nvml, slurm (sstat of the job step), external (a meter CSV), "
+                                    "modelled", parse=names, metavar="SOURCE[,SOURCE...]")
+    power_csv: str | None = option(None, "an external meter's (timestamp, watts) CSV covering the cell")
+    idle_power: str | None = option(None, "the idle-power file of `enspipe idle-power`; without it the idle figure "
+                                    "is the model's --idle-watts (and says so)")
+    idle_watts: float = option(50.0, "power model: idle watts per node (idle + per-core watts x busy cores; its "
+                               "results are labelled modelled)", parse=float)
+    watts_per_core: float = option(10.0, "power model: watts per fully busy core", parse=float)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -243,3 +261,40 @@ def unwritable(path: str) -> str | None:
     if not os.path.isdir(parent):
         return f"{parent!r}, on the way to {path!r}, is not a directory"
     return None if os.access(parent, os.W_OK | os.X_OK) else f"{path!r} cannot be created: {parent!r} is not writable"
+
+
+POWER_OPTIONS = ("power", "power_csv", "idle_watts", "watts_per_core")  # also `enspipe idle-power`'s
+REQUIRED = ("data", "out")
+
+
+def option_fields(only: tuple[str, ...] | None = None) -> list[dataclasses.Field]:
+    """The :class:`RunConfig` fields that are options, in declaration order (or those named)."""
+    fs = [f for f in dataclasses.fields(RunConfig) if "option" in f.metadata]
+    return [f for f in fs if only is None or f.name in only]
+
+
+def default(name: str):
+    """A run option's default, for whoever must spell it out (the grid's arguments, the schema test)."""
+    return next(f.default for f in option_fields() if f.name == name)
+
+
+def add_options(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """Declare :class:`RunConfig`'s options (or those named) on ``parser``; each lands on the
+    namespace under its field's name."""
+    for f in option_fields(only):
+        o = f.metadata["option"]
+        flag = o["flag"] or "--" + f.name.replace("_", "-")
+        kw = {"dest": f.name, "help": o["help"]}
+        if isinstance(f.default, bool):
+            kw["action"] = "store_false" if f.default else "store_true"
+        else:
+            choices = o["choices"]() if callable(o["choices"]) else o["choices"]
+            kw.update(default=f.default, type=o["parse"], choices=list(choices) if choices else None,
+                      metavar=o["metavar"], required=f.name in REQUIRED)
+        parser.add_argument(flag, **kw)
+
+
+def from_options(namespace, **overrides) -> RunConfig:
+    """The validated config of a parsed command line (``overrides`` win: e.g. a rate read from a file)."""
+    values = {f.name: getattr(namespace, f.name) for f in option_fields() if hasattr(namespace, f.name)}
+    return RunConfig(**{**values, **overrides})

@@ -14,6 +14,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
+from enspipe.plan.config import default
 from enspipe.plan.schemes import SCHEME_KINDS, make_scheme
 
 RUNS = "results/runs"
@@ -140,8 +141,8 @@ def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
     args = ["--network", cell.network, "--scheme", cell.scheme, "--consumer", cell.consumer,
             "--batch-size", str(batch_size(config, cell.network)), "--image-size", str(config["image_size"]),
             "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
-            "--seed", str(int(config.get("seed", 0)) + cell.rep), "--rep", str(cell.rep),
-            "--monitor-interval", str(config.get("monitor_interval", 1))]
+            "--seed", str(int(config.get("seed", default("seed"))) + cell.rep), "--rep", str(cell.rep),
+            "--monitor-interval", str(config.get("monitor_interval", default("monitor_interval")))]
     if SCHEME_KINDS[cell.scheme].takes_p:
         args += ["--preprocessors", str(cell.p)]
     if cell.cores != "all":
@@ -151,8 +152,9 @@ def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
             raise ValueError(f"{cell.name}: the emulated consumer needs a rate")
         args += ["--rate", f"{rate:.6g}"]
     power = config.get("power", {})
-    args += ["--power", ",".join(power.get("sources", ["auto"])),
-             "--idle-watts", str(power.get("idle_watts", 50)), "--watts-per-core", str(power.get("watts_per_core", 10))]
+    args += ["--power", ",".join(power.get("sources", default("power"))),
+             "--idle-watts", str(power.get("idle_watts", default("idle_watts"))),
+             "--watts-per-core", str(power.get("watts_per_core", default("watts_per_core")))]
     if power.get("csv"):
         args += ["--power-csv", str(power["csv"])]
     return args
