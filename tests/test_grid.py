@@ -61,10 +61,14 @@ def test_cell_identity_round_trips_and_arguments():
         assert grid.Cell.of(cell.as_dict()) == cell  # as a summary records it
         assert grid.Cell.of({k: str(v) for k, v in cell.as_dict().items()}) == cell  # as a rule's wildcards
         assert cell.path == f"results/runs/{cell.name}/summary.json"
-        assert grid.run_args(cfg, cell, rate=1.0)[grid.run_args(cfg, cell, rate=1.0).index("--rep") + 1] == str(cell.rep)
+        args = grid.run_args(cfg, cell, "rates.json")
+        assert args[args.index("--rep") + 1] == str(cell.rep)
     cell = grid.Cell("alexnet_v2", "single_broadcast", 2, 1, "1", "emulated", 0)
-    args = grid.run_args(cfg, cell, rate=123.0)
-    assert args[args.index("--preprocessors") + 1] == "1" and args[args.index("--rate") + 1] == "123"
+    args = grid.run_args(cfg, cell, "results/calibration/rates.json")
+    assert args[args.index("--preprocessors") + 1] == "1" and "--rate" not in args
+    assert args[args.index("--rate-from") + 1] == "results/calibration/rates.json"
+    with pytest.raises(ValueError, match="calibration file"):
+        grid.run_args(cfg, cell)
     assert args[args.index("--cores") + 1] == "1" and args[args.index("--batch-size") + 1] == "16"
     assert grid.Cell.of(dict(cell.as_dict(), cores=None)).cores == "all"  # RunConfig's "all cores"
     with pytest.raises(ValueError, match="not a cell identity"):

@@ -73,10 +73,7 @@ def cell_inputs(wildcards):
 def cell_args(wildcards, input, n=None):
     """``enspipe run`` arguments of a cell, quoted for the shell."""
     cell = cell_of(wildcards, n)
-    args = grid.run_args(config, cell, rate=0.0 if cell.consumer == "emulated" else None)
-    if cell.consumer == "emulated":  # the rate itself comes from the calibration file at run time
-        i = args.index("--rate")
-        args[i:i + 2] = ["--rate-from", input.rates]
+    args = grid.run_args(config, cell, input.rates if cell.consumer == "emulated" else None)
     return grid.shell_args(args + ["--data", DATASET, "--idle-power", input.idle])
 
 

@@ -136,8 +136,10 @@ def trained_networks(config: dict) -> list[str]:
     return sorted(n for n in nets if config["networks"][n].get("rc") is None)
 
 
-def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
-    """``enspipe run`` arguments for a cell (without --data/--out), every value a string."""
+def run_args(config: dict, cell: Cell, rates: str | None = None) -> list[str]:
+    """``enspipe run`` arguments for a cell (without --data/--out), every value a string. An
+    emulated accelerator's rate comes from the calibration file ``rates`` at run time (``--rate-from``):
+    which rc applies is decided in one place, :mod:`enspipe.run.calibration`."""
     args = ["--network", cell.network, "--scheme", cell.scheme, "--consumer", cell.consumer,
             "--batch-size", str(batch_size(config, cell.network)), "--image-size", str(config["image_size"]),
             "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
@@ -148,9 +150,9 @@ def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
     if cell.cores != "all":
         args += ["--cores", cell.cores]
     if cell.consumer == "emulated":
-        if rate is None:
-            raise ValueError(f"{cell.name}: the emulated consumer needs a rate")
-        args += ["--rate", f"{rate:.6g}"]
+        if rates is None:
+            raise ValueError(f"{cell.name}: the emulated consumer needs the calibration file (rates.json)")
+        args += ["--rate-from", rates]
     power = config.get("power", {})
     args += ["--power", ",".join(power.get("sources", default("power"))),
              "--idle-watts", str(power.get("idle_watts", default("idle_watts"))),
@@ -162,15 +164,3 @@ def run_args(config: dict, cell: Cell, rate: float | None = None) -> list[str]:
 
 def shell_args(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
-
-
-def accelerator_rate(config: dict, network: str, rp_full: float | None) -> tuple[float, str]:
-    """The emulated accelerator's rate rc for a network and where it came from: an absolute
-    ``rc`` (images/s, e.g. from a real accelerator's calibration), else ``rc_ratio`` times the
-    calibrated full-core preprocessing rate of one member."""
-    net = config["networks"][network]
-    if net.get("rc") is not None:
-        return float(net["rc"]), "configured rc (images/s)"
-    if rp_full is None:
-        raise ValueError(f"networks.{network}: rc_ratio needs the calibrated preprocessing rate")
-    return float(net["rc_ratio"]) * rp_full, f"rc_ratio {net['rc_ratio']} x calibrated rp {rp_full:.1f} images/s"

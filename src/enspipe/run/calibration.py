@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
-from enspipe.plan.grid import accelerator_rate
-
 
 def rates(config: dict, summaries: dict[tuple[str, str], str], measured_rc: dict[str, str] | None = None) -> dict:
     """``summaries``: (network, cores) -> the calibration run's summary.json (baseline, n = 1, peak);
     ``measured_rc``: network -> the JSON of :func:`measure_accelerator_rate`, where the grid trains
-    on a real accelerator. rc is the configured ``rc``, else the measured one, else ``rc_ratio`` x rp."""
+    on a real accelerator. rc is the configured ``rc``, else the measured one, else ``rc_ratio`` x rp
+    (:func:`accelerator_rate`); cells read it from here (``enspipe run --rate-from``)."""
     out: dict = {"networks": {}, "method": "peak images/s of one baseline member (n = 1, consumer peak)"}
     rp: dict[str, dict[str, float]] = {}
     machine = None
@@ -25,13 +24,10 @@ def rates(config: dict, summaries: dict[tuple[str, str], str], measured_rc: dict
         if network in (measured_rc or {}):
             with open(measured_rc[network]) as f:
                 measured = json.load(f)
-        if config["networks"][network].get("rc") is None and measured:
-            rc, source = measured["rc"], f"measured: training steps on {measured['device']}"
-        else:
-            try:
-                rc, source = accelerator_rate(config, network, full)
-            except ValueError:
-                rc, source = None, "not calibrated (no cell needs it)"
+        try:
+            rc, source = accelerator_rate(config, network, full, measured)
+        except ValueError:
+            rc, source = None, "not calibrated (no cell needs it)"
         out["networks"][network] = {"rp": rp.get(network, {}), "rc": rc, "rc_source": source,
                                     "rc_over_rp": rc / full if rc and full else None}
     out["machine"] = machine
@@ -61,3 +57,18 @@ def measure_accelerator_rate(network: str, batch_size: int, image_size: int, ste
     return {"network": network, "rc": steps * batch_size / seconds, "device": train.device,
             "batch_size": batch_size, "image_size": image_size, "steps": steps, "warmup": warmup,
             "seconds": seconds}
+
+
+def accelerator_rate(config: dict, network: str, rp_full: float | None,
+                     measured: dict | None = None) -> tuple[float, str]:
+    """The accelerator's rate rc for a network and where it came from: the configured absolute
+    ``rc`` (images/s), else the rate ``measured`` by real training steps (:func:`measure_accelerator_rate`),
+    else ``rc_ratio`` times the calibrated full-core preprocessing rate of one member."""
+    net = config["networks"][network]
+    if net.get("rc") is not None:
+        return float(net["rc"]), "configured rc (images/s)"
+    if measured:
+        return float(measured["rc"]), f"measured: training steps on {measured['device']}"
+    if rp_full is None:
+        raise ValueError(f"networks.{network}: rc_ratio needs the calibrated preprocessing rate")
+    return float(net["rc_ratio"]) * rp_full, f"rc_ratio {net['rc_ratio']} x calibrated rp {rp_full:.1f} images/s"
