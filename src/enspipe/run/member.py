@@ -21,6 +21,7 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -85,10 +86,71 @@ def _fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> No
 
 
 def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
+    """One rank of a cell, top to bottom: set up, warm up, measure, stop, report."""
+    job = _setup(cfg, comm, scheme, progress)  # placed, pinned, logging, the pipeline built
+    job.pipeline.start()
+    progress["stage"] = "warm-up"
+    warmup_steps, steady = _warm_up(cfg, comm, job.member)  # until every pipeline is in its steady state
+    window = _measure(job, warmup_steps, steady)  # cfg.steps steps, the producers running throughout
+    progress["stage"] = "stopping the producers"
+    discarded = _stop(job)  # together (their collectives must match), discarding what is left
+    progress["stage"] = "report"
+    report = _rank_report(job, window, warmup_steps, discarded)
+    return _job_report(job, report, window, warmup_steps, steady)  # rank 0 writes the summary, last
+
+
+@dataclass
+class _Job:
+    """What one rank's run holds between its phases."""
+
+    cfg: RunConfig
+    comm: object
+    scheme: object
+    progress: dict
+    where: object           # enspipe.run.placement.Placement
+    affinity: list[int]
+    monitor: object         # the node's CPU monitor, on each host's first rank
+    heartbeat: object
+    events: object
+    manifest: object
+    preprocessing: str
+    transport: object
+    pipeline: object
+    consumer: object
+    member: "_Member"
+    slurm: object           # the job step's energy counter, on rank 0 inside Slurm
+    started: float
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def n(self) -> int:
+        return self.comm.Get_size()
+
+
+@dataclass
+class _Window:
+    """The measured window's readings, from its start to its end."""
+
+    seconds: float
+    cpu_seconds: float
+    wall: tuple[float, float]
+    thread_cpu: dict
+    preprocessed: int
+    clocks: tuple[dict, dict]
+    exchange: dict
+    slurm_joules: tuple[float | None, float | None]
+
+
+def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
+    """Place and pin this rank, start the node monitor and the heartbeat, clear an earlier run's
+    results, and build the transport, the pipeline and the consumer."""
     from mpi4py import MPI
 
-    from enspipe.run.affinity import configure_tensorflow_threads, pin_process
     from enspipe.common.liveness import Heartbeat
+    from enspipe.run.affinity import configure_tensorflow_threads, pin_process
     from enspipe.run.placement import place
 
     rank, n = comm.Get_rank(), comm.Get_size()
@@ -99,28 +161,22 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     os.makedirs(cfg.out, exist_ok=True)
     monitor = _start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
-    threads = where.threads
-    configure_tensorflow_threads(threads)
+    configure_tensorflow_threads(where.threads)
 
-    import tensorflow as tf
+    import tensorflow  # noqa: F401 - loaded after the thread pools are sized
 
     heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: _fail(  # after TensorFlow's import holds the GIL
         cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
         timeout=cfg.peer_timeout).start()
-    from enspipe.data.ledger import EpochLedger
-    from enspipe.run.consumers import make_consumer
-    from enspipe.common.atomic import write_json_atomic
-    from enspipe.data.manifest import DataError
-    from enspipe.data.shards import (effective_shuffle_buffer, expected_keys, load_manifest, sample_ids,
-                                     verify_digest)
     from enspipe.common.events import EventLog
+    from enspipe.data.ledger import EpochLedger
+    from enspipe.data.manifest import DataError
+    from enspipe.data.shards import load_manifest, verify_digest
     from enspipe.exchange.engine import ExchangeEngine, Mpi4pyTransport
     from enspipe.models.networks import NETWORKS
+    from enspipe.run.consumers import make_consumer
     from enspipe.run.pipeline import Pipeline, quantizer
-    from enspipe.measure import cpumon, stages, threadcpu
-    from enspipe.measure.node import job_fields, write_power_table
 
-    summary_path = os.path.join(cfg.out, SUMMARY)
     if rank == 0:  # a rerun must not leave an old summary or an old failure looking like its result
         for old in [SUMMARY, FAILED_SUMMARY, *(f for f in os.listdir(cfg.out) if f.startswith(("failed.rank", "error.rank")))]:
             if os.path.exists(os.path.join(cfg.out, old)):
@@ -132,11 +188,10 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     problem = verify_digest(manifest)  # the count and the shards were checked before MPI started
     if problem:
         raise DataError(problem)
-    role = scheme.role(rank)
-    events.log("config", config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=role, host=where.host,
-               host_rank=where.host_rank, mpi_node=where.mpi_node, cores=affinity, sharing_cores=where.sharing_cores,
-               threads=threads, placement=where.as_dict(), preprocessing=preprocessing,
-               share=scheme.share(rank, cfg.global_batch),
+    events.log("config", config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=scheme.role(rank),
+               host=where.host, host_rank=where.host_rank, mpi_node=where.mpi_node, cores=affinity,
+               sharing_cores=where.sharing_cores, threads=where.threads, placement=where.as_dict(),
+               preprocessing=preprocessing, share=scheme.share(rank, cfg.global_batch),
                dataset={"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                         "digest": manifest.digest, "synthetic": manifest.synthetic})
     _say(rank, f"{scheme.name} n={n} p={scheme.p} {cfg.network} batch={cfg.global_batch} "
@@ -159,134 +214,125 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
     seed_offset = 0 if scheme.shared else rank  # baseline members each have their own stream
     pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=cfg.global_batch,
-                        preprocessing=preprocessing, image_size=size, threads=threads,
+                        preprocessing=preprocessing, image_size=size, threads=where.threads,
                         order_seed=cfg.seed + seed_offset, prep_seed=cfg.seed + seed_offset,
                         shuffle_buffer=cfg.shuffle_buffer, queue_depth=cfg.queue_depth,
                         skip_corrupt=cfg.skip_corrupt, fast_mode=cfg.fast_mode, wire_dtype=cfg.wire_dtype,
                         sample_interval=cfg.sample_interval, events=events)
     member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images), events, progress)
-    slurm = _slurm_counter(cfg) if rank == 0 else None
-
-    # -- warm-up: unmeasured steps until every member's pipeline is in its steady state --------
-    t_start = time.time()
+    started = time.time()
     if monitor:
-        monitor.mark("warmup_start", t_start)
-    pipeline.start()
-    progress["stage"] = "warm-up"
-    warmup_steps, steady = _warm_up(cfg, comm, member)
+        monitor.mark("warmup_start", started)
+    return _Job(cfg, comm, scheme, progress, where, affinity, monitor, heartbeat, events, manifest, preprocessing,
+                transport, pipeline, consumer, member, _slurm_counter(cfg) if rank == 0 else None, started)
 
-    # -- the measured window: cfg.steps steps, the producers running throughout -----------------
-    slurm_j0 = _read_slurm(slurm)  # an sstat subprocess: before the window opens
+
+def _measure(job: _Job, warmup_steps: int, steady: bool | None) -> _Window:
+    """The measured window: ``cfg.steps`` steps, and the CPU, stage, exchange and energy readings
+    taken at its edges (so they count only work done inside it)."""
+    from enspipe.measure import threadcpu
+
+    slurm_j0 = _read_slurm(job.slurm)  # an sstat subprocess: before the window opens
     t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
-    comm0, prep0, clock0 = transport.stats.as_dict(), pipeline.preprocessed, pipeline.clock.snapshot()
-    if monitor:
-        monitor.mark("measure_start", wall0)
-    events.log("measure_start", step=warmup_steps, steady=steady)
-    progress["stage"] = "measured window"
-    for step in range(warmup_steps, warmup_steps + cfg.steps):
-        member.step(step, measured=True)
+    comm0, prep0, clock0 = job.transport.stats.as_dict(), job.pipeline.preprocessed, job.pipeline.clock.snapshot()
+    if job.monitor:
+        job.monitor.mark("measure_start", wall0)
+    job.events.log("measure_start", step=warmup_steps, steady=steady)
+    job.progress["stage"] = "measured window"
+    for step in range(warmup_steps, warmup_steps + job.cfg.steps):
+        job.member.step(step, measured=True)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
-    preprocessed, clock1 = pipeline.preprocessed - prep0, pipeline.clock.snapshot()
-    comm1 = transport.stats.as_dict()
+    preprocessed, clock1 = job.pipeline.preprocessed - prep0, job.pipeline.clock.snapshot()
+    comm1 = job.transport.stats.as_dict()
     exchange = {k: v - comm0[k] for k, v in comm1.items()}  # collectives in the measured window
-    slurm_j1 = _read_slurm(slurm)
-    events.log("measure_end", step=warmup_steps + cfg.steps)
-    if monitor:
-        monitor.mark("measure_end", wall1)
+    slurm_j1 = _read_slurm(job.slurm)
+    job.events.log("measure_end", step=warmup_steps + job.cfg.steps)
+    if job.monitor:
+        job.monitor.mark("measure_end", wall1)
+    return _Window(seconds, cpu_seconds, (wall0, wall1), thread_cpu, preprocessed, (clock0, clock1), exchange,
+                   (slurm_j0, slurm_j1))
 
-    # -- stop the producers together (their collectives must match), discarding what is left ---
-    progress["stage"] = "stopping the producers"
+
+def _stop(job: _Job) -> int:
+    """Stop the producers together and close the pipeline and the transport; returns how many
+    batches the exchange made that no step consumed."""
     t_stop = time.perf_counter()
-    discarded = _stop_producers(comm, pipeline)
-    pipeline.close()
-    transport.close()
-    events.log("stopped", seconds=time.perf_counter() - t_stop, discarded_batches=discarded)
+    discarded = _stop_producers(job.comm, job.pipeline)
+    job.pipeline.close()
+    job.transport.close()
+    job.events.log("stopped", seconds=time.perf_counter() - t_stop, discarded_batches=discarded)
+    return discarded
 
-    progress["stage"] = "report"
+
+def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> dict:
+    """This rank's part of the summary: its rate and CPU, stages, queues, epochs and exchange."""
+    from enspipe.data.shards import expected_keys, sample_ids
+    from enspipe.measure import stages
+
+    cfg, member, rank, where = job.cfg, job.member, job.rank, job.where
     epochs = member.ledger.completed()
     for e in epochs:
-        events.log("epoch", **e)
-    skipped = pipeline.skipped(warmup_steps + cfg.steps)
+        job.events.log("epoch", **e)
+    skipped = job.pipeline.skipped(warmup_steps + cfg.steps)
     short: dict[int, list[str] | None] = dict.fromkeys(member.ledger.short())
-    keys = expected_keys(manifest) if short else None
+    keys = expected_keys(job.manifest) if short else None
     if keys:  # an epoch short of the manifest: the keys it lacks tell skipped from lost
         expected = dict(zip(sample_ids(keys).tolist(), keys))
         short = {e: member.ledger.lacking(e, expected) for e in short}
-    images = member.images
-    report = {
-        "rank": rank, "host": where.host, "role": role, "host_rank": where.host_rank, "mpi_node": where.mpi_node,
-        "cores": affinity, "sharing_cores": where.sharing_cores, "threads": threads,
-        "share": list(scheme.share(rank, cfg.global_batch)),
+    images, seconds, cpu_seconds = member.images, w.seconds, w.cpu_seconds
+    return {
+        "rank": rank, "host": where.host, "role": job.scheme.role(rank), "host_rank": where.host_rank,
+        "mpi_node": where.mpi_node, "cores": job.affinity, "sharing_cores": where.sharing_cores,
+        "threads": where.threads, "share": list(job.scheme.share(rank, cfg.global_batch)),
         "learning_rate": cfg.lr_for(rank) if cfg.consumer == "train" else None,
-        "images": images, "images_preprocessed": preprocessed, "seconds": seconds,
+        "images": images, "images_preprocessed": w.preprocessed, "seconds": seconds,
         "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
-        "thread_cpu_seconds": thread_cpu,
-        "stages": stages.breakdown(clock0, clock1, thread_cpu, exchange, cpu_seconds),
+        "thread_cpu_seconds": w.thread_cpu,
+        "stages": stages.breakdown(*w.clocks, w.thread_cpu, w.exchange, cpu_seconds),
         "step_time_p50": _percentile(member.step_times, 50), "step_time_p95": _percentile(member.step_times, 95),
         "wait_time_mean": float(np.mean(member.waits)) if member.waits else None,
         "starved_fraction": member.starved / cfg.steps,
-        "queue_occupancy": pipeline.occupancy_stats(wall0, wall1),
+        "queue_occupancy": job.pipeline.occupancy_stats(*w.wall),
         "epochs": epochs, "partial_epoch": member.ledger.partial(),
         "skipped": [k for keys in skipped.values() for k in keys], "skipped_by_epoch": skipped,
         "short_epochs": short,
         "loss_first": member.losses[0] if member.losses else None,
         "loss_last": member.losses[-1] if member.losses else None,
-        "device": getattr(consumer, "device", None),
-        "measured_window": {"start": wall0, "end": wall1}, "started": t_start,
+        "device": getattr(job.consumer, "device", None),
+        "measured_window": {"start": w.wall[0], "end": w.wall[1]}, "started": job.started,
         "warmup_steps": warmup_steps, "discarded_batches": discarded,
-        "exchange_paths": {",".join(map(str, g)): p for g, p in transport.paths.items()},
+        "exchange_paths": {",".join(map(str, g)): p for g, p in job.transport.paths.items()},
         # collectives in the measured window (the exchange stage runs up to a queue ahead of it)
-        **exchange,
+        **w.exchange,
     }
+
+
+def _job_report(job: _Job, report: dict, w: _Window, warmup_steps: int, steady: bool | None) -> int:
+    """Gather the ranks' reports and the nodes' CPU and power on rank 0, agree on whether every
+    epoch was whole, and only then, with every member alive and done, write the summary."""
+    from mpi4py import MPI
+
+    from enspipe.common.atomic import write_json_atomic
+
+    cfg, comm, rank = job.cfg, job.comm, job.rank
     # the job's window: from the first member's measurement start to the last one's end
-    job_t0, job_t1 = comm.allreduce(wall0, op=MPI.MIN), comm.allreduce(wall1, op=MPI.MAX)
-    node = monitor.finish(job_t0, job_t1) if monitor else None
+    job_t0, job_t1 = comm.allreduce(w.wall[0], op=MPI.MIN), comm.allreduce(w.wall[1], op=MPI.MAX)
+    node = job.monitor.finish(job_t0, job_t1) if job.monitor else None
     gathered = comm.gather((report, node), root=0)
+    summary = failure = None
     if rank == 0:
         reports, nodes = [g[0] for g in gathered], [g[1] for g in gathered if g[1] is not None]
-        measured, power_rows = job_fields(
-            nodes, job_t0, job_t1, cfg.power, idle_watts=cfg.idle_watts, watts_per_core=cfg.watts_per_core,
-            idle_file=cfg.idle_power, power_csv=cfg.power_csv,
-            slurm_joules=slurm_j1 - slurm_j0 if slurm_j0 is not None and slurm_j1 is not None else None,
-            slurm_why=None if slurm else "not inside a Slurm job step with energy accounting")
-        cpumon.write_table(os.path.join(cfg.out, "cpu.csv"), [r for nd in nodes for r in nd["cpu_rows"]])
-        write_power_table(os.path.join(cfg.out, "power.csv"), power_rows)
-        summary = {
-            "cell": Cell.of({"network": cfg.network, "scheme": scheme.name, "n": n, "p": scheme.p, "cores": cfg.cores,
-                             "consumer": cfg.consumer, "rep": cfg.rep}).as_dict(),
-            "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
-            "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
-            "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
-            "warmup": cfg.warmup, "cores": cfg.cores, "image_size": size, "scheme": scheme.name, "n": n, "p": scheme.p,
-            "wire_dtype": cfg.wire_dtype, "transport": transport.name, "preprocessing": preprocessing,
-            "fast_mode": cfg.fast_mode, "seed": cfg.seed,
-            "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
-                        "digest": manifest.digest, "synthetic": manifest.synthetic,
-                        "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.shuffle_buffer)},
-            "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
-            "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
-            "stages_per_image": stages.mean_per_image(reports),
-            "window": _window_summary(scheme, reports, warmup_steps, steady),
-            "placement": where.as_dict(),
-            **measured,
-            "ranks": reports,
-            "machine": _machine(tf),
-            "slurm": {k.lower()[6:]: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS",
-                                                              "SLURM_CPUS_PER_TASK", "SLURM_JOB_PARTITION")
-                      if k in os.environ} or None,
-            "versions": {"enspipe": _version(), "tensorflow": tf.__version__, "python": platform.python_version(),
-                         "mpi": MPI.Get_library_version().splitlines()[0].strip()},
-            "finished": time.time(),
-        }
-        failure = _short_epochs(reports, manifest.num_images)
-    failure = comm.bcast(failure if rank == 0 else None, root=0)
-    events.log("end", **({"failure": failure} if failure else {}))
-    events.close()
+        summary = _summary(job, reports, nodes, (job_t0, job_t1), w, warmup_steps, steady)
+        failure = _short_epochs(reports, job.manifest.num_images)
+    failure = comm.bcast(failure, root=0)
+    job.events.log("end", **({"failure": failure} if failure else {}))
+    job.events.close()
     comm.Barrier()  # every member is alive and done: only now does the cell's summary appear
-    heartbeat.stop()
+    job.heartbeat.stop()
     if rank == 0:
+        summary_path = os.path.join(cfg.out, SUMMARY)
         write_json_atomic(summary_path if not failure else os.path.join(cfg.out, FAILED_SUMMARY),
                           summary | ({"failure": failure} if failure else {}))
         if failure:
@@ -295,6 +341,55 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
             _say(rank, f"{summary['images_per_second_per_member']:.1f} images/s per member, "
                        f"{summary['cpu_seconds_total']:.2f} CPU-s in the measured window; {summary_path}")
     return 1 if failure else 0
+
+
+def _summary(job: _Job, reports: list[dict], nodes: list[dict], window: tuple[float, float], w: _Window,
+             warmup_steps: int, steady: bool | None) -> dict:
+    """The cell's summary (rank 0): its identity and settings, the ranks' reports, the nodes'
+    CPU and energy over the job's window; also writes the cell's cpu.csv and power.csv."""
+    import tensorflow as tf
+    from mpi4py import MPI
+
+    from enspipe.data.shards import effective_shuffle_buffer
+    from enspipe.measure import cpumon, stages
+    from enspipe.measure.node import job_fields, write_power_table
+
+    cfg, scheme, n, manifest = job.cfg, job.scheme, job.n, job.manifest
+    slurm_j0, slurm_j1 = w.slurm_joules
+    measured, power_rows = job_fields(
+        nodes, *window, cfg.power, idle_watts=cfg.idle_watts, watts_per_core=cfg.watts_per_core,
+        idle_file=cfg.idle_power, power_csv=cfg.power_csv,
+        slurm_joules=slurm_j1 - slurm_j0 if slurm_j0 is not None and slurm_j1 is not None else None,
+        slurm_why=None if job.slurm else "not inside a Slurm job step with energy accounting")
+    cpumon.write_table(os.path.join(cfg.out, "cpu.csv"), [r for nd in nodes for r in nd["cpu_rows"]])
+    write_power_table(os.path.join(cfg.out, "power.csv"), power_rows)
+    return {
+        "cell": Cell.of({"network": cfg.network, "scheme": scheme.name, "n": n, "p": scheme.p, "cores": cfg.cores,
+                         "consumer": cfg.consumer, "rep": cfg.rep}).as_dict(),
+        "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
+        "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
+        "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
+        "warmup": cfg.warmup, "cores": cfg.cores, "image_size": cfg.image_size, "scheme": scheme.name, "n": n,
+        "p": scheme.p, "wire_dtype": cfg.wire_dtype, "transport": job.transport.name,
+        "preprocessing": job.preprocessing, "fast_mode": cfg.fast_mode, "seed": cfg.seed,
+        "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
+                    "digest": manifest.digest, "synthetic": manifest.synthetic,
+                    "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.shuffle_buffer)},
+        "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
+        "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
+        "stages_per_image": stages.mean_per_image(reports),
+        "window": _window_summary(scheme, reports, warmup_steps, steady),
+        "placement": job.where.as_dict(),
+        **measured,
+        "ranks": reports,
+        "machine": _machine(tf),
+        "slurm": {k.lower()[6:]: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS",
+                                                          "SLURM_CPUS_PER_TASK", "SLURM_JOB_PARTITION")
+                  if k in os.environ} or None,
+        "versions": {"enspipe": _version(), "tensorflow": tf.__version__, "python": platform.python_version(),
+                     "mpi": MPI.Get_library_version().splitlines()[0].strip()},
+        "finished": time.time(),
+    }
 
 
 def _short_epochs(reports: list[dict], num_images: int) -> str | None:
