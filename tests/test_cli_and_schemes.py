@@ -61,6 +61,16 @@ def test_config_error_fields():
     assert e.value.field == "queue_depth" and "queue-depth" in str(e.value)
 
 
+@pytest.mark.parametrize("name, value", [("network", "resnet"), ("consumer", "gpu"), ("scheme", "ring"),
+                                         ("wire_dtype", "float16"), ("transport", "nccl"), ("on_corrupt", "ignore"),
+                                         ("cpu_monitor", "top")])
+def test_a_value_outside_an_options_choices_names_it_and_the_choices(name, value):
+    """Checked by RunConfig itself (a config built without the parser), from the option's declared choices."""
+    with pytest.raises(ConfigError) as e:
+        RunConfig(data=".", out="o", **{name: value})
+    assert e.value.field == name and repr(value) in e.value.problem and "choose one of" in e.value.fix
+
+
 @pytest.mark.parametrize("batch", [7, 8, 13])
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 def test_shares_cover_the_batch_unevenly_allowed(batch, p):

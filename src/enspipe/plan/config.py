@@ -134,8 +134,6 @@ class RunConfig:
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        from enspipe.models.networks import NETWORKS
-
         _require(bool(self.data), "data", "no dataset given", "pass --data DIR (see `enspipe make-dataset`)")
         _require(bool(self.out), "out", "no output directory given", "pass --out DIR")
         for name in ("rate", "sample_interval", "idle_watts", "watts_per_core", "peer_timeout"):
@@ -144,12 +142,10 @@ class RunConfig:
                      "pass a finite value")
         _require(all(math.isfinite(lr) for lr in self.lrs), "lr", f"learning rates must be finite, got {list(self.lrs)}",
                  "pass e.g. --lr 0.01,0.02")
-        _require(self.network in NETWORKS, "network", f"unknown network {self.network!r}",
-                 f"choose one of {', '.join(NETWORKS)}")
-        _require(self.consumer in CONSUMERS, "consumer", f"unknown consumer {self.consumer!r}",
-                 f"choose one of {', '.join(CONSUMERS)}")
-        _require(self.scheme in SCHEMES, "scheme", f"unknown scheme {self.scheme!r}",
-                 f"choose one of {', '.join(SCHEMES)}")
+        for f in option_fields():  # every option with choices: one check, one message
+            choices, value = _choices(f), getattr(self, f.name)
+            _require(choices is None or value in choices, f.name, f"unknown {f.name.replace('_', ' ')} {value!r}",
+                     f"choose one of {', '.join(choices or ())}")
         _require(self.batch_size is None or self.batch_size >= 1, "batch_size",
                  f"must be >= 1, got {self.batch_size}", "pass a positive batch size")
         _require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}", "measure at least one step")
@@ -173,10 +169,6 @@ class RunConfig:
                  "use 0 for canonical order")
         _require(self.queue_depth >= 1, "queue_depth", f"must be >= 1, got {self.queue_depth}",
                  "use a small positive number of batches, e.g. 4")
-        _require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
-                 f"choose one of {', '.join(WIRE_DTYPES)}")
-        _require(self.transport in TRANSPORTS, "transport", f"unknown transport {self.transport!r}",
-                 f"choose one of {', '.join(TRANSPORTS)}")
         if self.transport == "horovod":
             import importlib.util
 
@@ -186,10 +178,6 @@ class RunConfig:
                  f"must be in (0, {MAX_SAMPLE_INTERVAL:g}] seconds, got {self.sample_interval}", "pass seconds, e.g. 0.1")
         _require(self.peer_timeout >= 2, "peer_timeout", f"must be at least 2 s, got {self.peer_timeout}",
                  "pass seconds, e.g. 10 (the heartbeat beats twice a second)")
-        _require(self.on_corrupt in ON_CORRUPT, "on_corrupt", f"unknown choice {self.on_corrupt!r}",
-                 f"choose one of {', '.join(ON_CORRUPT)}")
-        _require(self.cpu_monitor in CPU_MONITORS, "cpu_monitor", f"unknown CPU monitor {self.cpu_monitor!r}",
-                 f"choose one of {', '.join(CPU_MONITORS)}")
         if self.cpu_monitor == "mpstat":
             import shutil
 
@@ -273,6 +261,11 @@ def option_fields(only: tuple[str, ...] | None = None) -> list[dataclasses.Field
     return [f for f in fs if only is None or f.name in only]
 
 
+def _choices(f: dataclasses.Field) -> tuple | None:
+    choices = f.metadata["option"]["choices"]
+    return tuple(choices() if callable(choices) else choices) if choices else None
+
+
 def default(name: str):
     """A run option's default, for whoever must spell it out (the grid's arguments, the schema test)."""
     return next(f.default for f in option_fields() if f.name == name)
@@ -288,7 +281,7 @@ def add_options(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = 
         if isinstance(f.default, bool):
             kw["action"] = "store_false" if f.default else "store_true"
         else:
-            choices = o["choices"]() if callable(o["choices"]) else o["choices"]
+            choices = _choices(f)
             kw.update(default=f.default, type=o["parse"], choices=list(choices) if choices else None,
                       metavar=o["metavar"], required=f.name in REQUIRED)
         parser.add_argument(flag, **kw)
