@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from enspipe.plan.errors import ConfigError
+
 
 def rates(config: dict, summaries: dict[tuple[str, str], str], measured_rc: dict[str, str] | None = None) -> dict:
     """``summaries``: (network, cores) -> the calibration run's summary.json (baseline, n = 1, peak);
@@ -72,3 +74,17 @@ def accelerator_rate(config: dict, network: str, rp_full: float | None,
     if rp_full is None:
         raise ValueError(f"networks.{network}: rc_ratio needs the calibrated preprocessing rate")
     return float(net["rc_ratio"]) * rp_full, f"rc_ratio {net['rc_ratio']} x calibrated rp {rp_full:.1f} images/s"
+
+
+def read_rate(rates_json: str, network: str) -> tuple[float, str]:
+    """The rc a cell emulates for ``network`` from the workflow's calibration file, and its source
+    (``enspipe run --rate-from``); a file that lacks it is a :class:`ConfigError` naming the fix."""
+    try:
+        with open(rates_json) as f:
+            net = json.load(f)["networks"][network]
+        return float(net["rc"]), f"{rates_json}: {net['rc_source']}"
+    except OSError as e:
+        raise ConfigError("rate_from", f"cannot read {rates_json}: {e.strerror}", "run the calibration first") from None
+    except (KeyError, ValueError, TypeError):
+        raise ConfigError("rate_from", f"{rates_json} has no rc for {network}",
+                          "calibrate this network, or pass --rate") from None
