@@ -29,6 +29,12 @@ def test_peak_run_consumes_the_dataset_exactly_once(dataset, tmp_path):
     assert ev[0]["event"] == "config" and ev[0]["config"]["network"] == "tiny"
     assert sum(e["event"] == "step" for e in ev) == 7 and any(e["event"] == "occupancy" for e in ev)
     assert r.stdout.startswith("enspipe: baseline n=1")
+    # every key written is declared, with its meaning, in one place (enspipe.common.keys)
+    from enspipe.common.keys import EVENTS, RANK, SUMMARY
+
+    assert set(s) <= set(SUMMARY), set(s) - set(SUMMARY)
+    assert set(rank) == set(RANK), set(rank) ^ set(RANK)
+    assert {e["event"] for e in ev} <= set(EVENTS)
 
 
 def test_warmup_is_excluded_from_the_window(dataset, tmp_path):
@@ -131,3 +137,34 @@ def test_stage_breakdown_adds_up_to_the_process_cpu():
     assert per["preprocess"]["cpu"] == pytest.approx((0.06 + 0.03) / 2)
     with pytest.raises(KeyError, match="unknown stage"):
         clock.add("decode", 1.0)
+
+
+def test_the_results_table_reads_only_declared_summary_keys():
+    """collect reads a summary by the keys enspipe.common.keys declares (ast: every literal key it
+    subscripts or gets), so a renamed key cannot silently turn a column into blanks."""
+    import ast
+
+    from enspipe.common.keys import RANK, SUMMARY
+    from enspipe.report import collect
+
+    tree = ast.parse(open(collect.__file__).read())
+    read = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in ("s", "r"):
+            if isinstance(node.slice, ast.Constant):
+                read.add(node.slice.value)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in ("s", "r")
+                and node.args and isinstance(node.args[0], ast.Constant)):
+            read.add(node.args[0].value)
+    assert len(read) > 20
+    assert read <= set(SUMMARY) | set(RANK), read - set(SUMMARY) - set(RANK)
+
+
+def test_an_undeclared_event_is_refused(tmp_path):
+    from enspipe.common.events import EventLog
+
+    log = EventLog(str(tmp_path), 0)
+    with pytest.raises(ValueError, match="declare it"):
+        log.log("stepp", step=1)
+    log.close()

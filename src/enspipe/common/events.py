@@ -1,6 +1,7 @@
 """One structured JSON-lines event log per rank (in the spirit of MLPerf logging).
 
-The first record is the run's configuration; every record has ``event``, ``t`` (Unix time,
+The first record is the run's configuration; events are named and described in
+:data:`enspipe.common.keys.EVENTS`, and no other name is logged; every record has ``event``, ``t`` (Unix time,
 seconds) and ``rank``. Lines are flushed as written, so a crashed run leaves a readable log.
 """
 from __future__ import annotations
@@ -9,6 +10,8 @@ import json
 import os
 import threading
 import time
+
+from enspipe.common.keys import EVENTS
 
 
 class EventLog:
@@ -19,6 +22,8 @@ class EventLog:
         self._lock = threading.Lock()
 
     def log(self, event: str, **fields) -> dict:
+        if event not in EVENTS:
+            raise ValueError(f"unknown event {event!r}: declare it in enspipe.common.keys.EVENTS")
         rec = {"event": event, "t": time.time(), "rank": self.rank, **fields}
         line = json.dumps(rec, default=_jsonable)
         with self._lock:

@@ -16,6 +16,7 @@ import numpy as np
 
 from enspipe.exchange.base import Batch, TransportStats, wait_quietly
 from enspipe.plan.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
+from enspipe.common import keys
 
 class BufferRing:
     """Receive buffers allocated once and reused in turn.
@@ -96,7 +97,7 @@ class Mpi4pyTransport:
                            else "the group's ranks interleave across nodes")
             self.paths[g] = path
             if events is not None:
-                events.log("exchange_path", group=list(g), path=path,
+                events.log(keys.EXCHANGE_PATH, group=list(g), path=path,
                            **({"reason": why} if path == "mpi" else {"window_bytes": need}))
         takes = sum(uses.get(g, 1) for g in self.comms if g not in self.windows)
         self.ring = BufferRing((queue_depth + 2) * takes, max_batch, self.image_shape, self.dtype) if takes else None

@@ -20,6 +20,7 @@ import numpy as np
 
 from enspipe.measure import threadcpu
 from enspipe.exchange.base import Batch, TransportStats
+from enspipe.common import keys
 
 THREAD_NAME = "enspipe-horovod"  # Horovod's background thread, where its collectives do their work
 
@@ -61,7 +62,7 @@ class HorovodTransport:
         self.paths = {g: "horovod" for g in groups if self.rank in g}
         if events is not None:
             for g in self.paths:
-                events.log("exchange_path", group=list(g), path="horovod", process_set=self.sets[g].process_set_id)
+                events.log(keys.EXCHANGE_PATH, group=list(g), path="horovod", process_set=self.sets[g].process_set_id)
         self._fns: dict = {}
 
     # -- tf.functions, one per (kind, group, roots): traced once, reused every step ------------

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from enspipe.report.collect import ceiling_tolerance
+from enspipe.common import keys
 from enspipe.plan.schemes import SCHEME_KINDS
 
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
@@ -113,9 +114,9 @@ def queue_series(row) -> pd.DataFrame:
     with open(path) as f:
         for line in f:
             e = json.loads(line)
-            if e.get("event") == "occupancy" and capacity is None:
+            if e.get("event") == keys.OCCUPANCY and capacity is None:
                 capacity = e["capacity"]
-            elif e.get("event") == "step":
+            elif e.get("event") == keys.STEP:
                 rows.append({"step": e["step"], "measured": e["measured"],
                              **{q: e["queues"].get(q) for q in ("preprocessing", "compute")}})
     out = pd.DataFrame(rows, columns=["step", "measured", "preprocessing", "compute"])

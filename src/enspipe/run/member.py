@@ -30,6 +30,7 @@ from enspipe.plan.errors import ConfigError
 from enspipe.plan.config import RunConfig
 from enspipe.plan.grid import Cell
 from enspipe.plan.schemes import make_scheme, node_groups
+from enspipe.common import keys
 
 SUMMARY = "summary.json"
 FAILED_SUMMARY = "summary.failed.json"  # a finished cell that broke its exactly-once promise
@@ -188,7 +189,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     problem = verify_digest(manifest)  # the count and the shards were checked before MPI started
     if problem:
         raise DataError(problem)
-    events.log("config", config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=scheme.role(rank),
+    events.log(keys.CONFIG, config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=scheme.role(rank),
                host=where.host, host_rank=where.host_rank, mpi_node=where.mpi_node, cores=affinity,
                sharing_cores=where.sharing_cores, threads=where.threads, placement=where.as_dict(),
                preprocessing=preprocessing, share=scheme.share(rank, cfg.global_batch),
@@ -237,7 +238,7 @@ def _measure(job: _Job, warmup_steps: int, steady: bool | None) -> _Window:
     comm0, prep0, clock0 = job.transport.stats.as_dict(), job.pipeline.preprocessed, job.pipeline.clock.snapshot()
     if job.monitor:
         job.monitor.mark("measure_start", wall0)
-    job.events.log("measure_start", step=warmup_steps, steady=steady)
+    job.events.log(keys.MEASURE_START, step=warmup_steps, steady=steady)
     job.progress["stage"] = "measured window"
     for step in range(warmup_steps, warmup_steps + job.cfg.steps):
         job.member.step(step, measured=True)
@@ -247,7 +248,7 @@ def _measure(job: _Job, warmup_steps: int, steady: bool | None) -> _Window:
     comm1 = job.transport.stats.as_dict()
     exchange = {k: v - comm0[k] for k, v in comm1.items()}  # collectives in the measured window
     slurm_j1 = _read_slurm(job.slurm)
-    job.events.log("measure_end", step=warmup_steps + job.cfg.steps)
+    job.events.log(keys.MEASURE_END, step=warmup_steps + job.cfg.steps)
     if job.monitor:
         job.monitor.mark("measure_end", wall1)
     return _Window(seconds, cpu_seconds, (wall0, wall1), thread_cpu, preprocessed, (clock0, clock1), exchange,
@@ -261,7 +262,7 @@ def _stop(job: _Job) -> int:
     discarded = _stop_producers(job.comm, job.pipeline)
     job.pipeline.close()
     job.transport.close()
-    job.events.log("stopped", seconds=time.perf_counter() - t_stop, discarded_batches=discarded)
+    job.events.log(keys.STOPPED, seconds=time.perf_counter() - t_stop, discarded_batches=discarded)
     return discarded
 
 
@@ -273,12 +274,12 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
     cfg, member, rank, where = job.cfg, job.member, job.rank, job.where
     epochs = member.ledger.completed()
     for e in epochs:
-        job.events.log("epoch", **e)
+        job.events.log(keys.EPOCH, **e)
     skipped = job.pipeline.skipped(warmup_steps + cfg.steps)
     short: dict[int, list[str] | None] = dict.fromkeys(member.ledger.short())
-    keys = expected_keys(job.manifest) if short else None
-    if keys:  # an epoch short of the manifest: the keys it lacks tell skipped from lost
-        expected = dict(zip(sample_ids(keys).tolist(), keys))
+    wanted = expected_keys(job.manifest) if short else None
+    if wanted:  # an epoch short of the manifest: the keys it lacks tell skipped from lost
+        expected = dict(zip(sample_ids(wanted).tolist(), wanted))
         short = {e: member.ledger.lacking(e, expected) for e in short}
     images, seconds, cpu_seconds = member.images, w.seconds, w.cpu_seconds
     return {
@@ -296,7 +297,7 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
         "starved_fraction": member.starved / cfg.steps,
         "queue_occupancy": job.pipeline.occupancy_stats(*w.wall),
         "epochs": epochs, "partial_epoch": member.ledger.partial(),
-        "skipped": [k for keys in skipped.values() for k in keys], "skipped_by_epoch": skipped,
+        "skipped": [k for ks in skipped.values() for k in ks], "skipped_by_epoch": skipped,
         "short_epochs": short,
         "loss_first": member.losses[0] if member.losses else None,
         "loss_last": member.losses[-1] if member.losses else None,
@@ -327,7 +328,7 @@ def _job_report(job: _Job, report: dict, w: _Window, warmup_steps: int, steady: 
         summary = _summary(job, reports, nodes, (job_t0, job_t1), w, warmup_steps, steady)
         failure = _short_epochs(reports, job.manifest.num_images)
     failure = comm.bcast(failure, root=0)
-    job.events.log("end", **({"failure": failure} if failure else {}))
+    job.events.log(keys.END, **({"failure": failure} if failure else {}))
     job.events.close()
     comm.Barrier()  # every member is alive and done: only now does the cell's summary appear
     job.heartbeat.stop()
@@ -397,8 +398,8 @@ def _short_epochs(reports: list[dict], num_images: int) -> str | None:
     samples that no member skipped (and counted), i.e. data vanished under the manifest."""
     skipped: dict[int, set[str]] = {}
     for r in reports:
-        for epoch, keys in r["skipped_by_epoch"].items():
-            skipped.setdefault(epoch, set()).update(keys)
+        for epoch, ks in r["skipped_by_epoch"].items():
+            skipped.setdefault(epoch, set()).update(ks)
     for r in reports:
         counts = {e["epoch"]: e["count"] for e in r["epochs"]}
         for epoch, lacking in r["short_epochs"].items():
@@ -457,7 +458,7 @@ class _Member:
             self.waits.append(t_got - t_req)
         if "loss" in out:
             self.losses.append(out["loss"])
-        self.events.log("step", step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
+        self.events.log(keys.STEP, step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
                         cpu_s=time.process_time(),
                         measured=measured, queues=queues, starved=starved, saturated=saturated,
                         batch_digest=digest_of(batch.meta[:, 0]),

@@ -36,6 +36,7 @@ from enspipe.exchange.engine import ExchangeEngine
 from enspipe.data.preprocessing import OUTPUT_RANGE, decode, make_preprocess_fn
 from enspipe.measure.stages import StageClock
 from enspipe.measure.threadcpu import set_thread_name
+from enspipe.common import keys
 
 QUEUES = ("preprocessing", "exchange", "compute")
 
@@ -213,7 +214,7 @@ class Pipeline:
                     for key, i, epoch, label in zip(raw["key"], raw["id"], raw["epoch"], raw["label"]):
                         if i in lost:
                             self._skipped.append((batch, int(epoch), key.decode()))
-                            self.events.log("skipped", key=key.decode(), batch=batch, epoch=int(epoch),
+                            self.events.log(keys.SKIPPED, key=key.decode(), batch=batch, epoch=int(epoch),
                                             reason="corrupt record" if label == CORRUPT_LABEL else "undecodable image")
             self.preprocessed += len(meta)
             took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
@@ -248,7 +249,7 @@ class Pipeline:
         while not self.stop.wait(self.sample_interval):
             sizes = [self.queues[q].qsize() for q in QUEUES]
             self.samples.append((time.time(), *sizes))
-            self.events.log("occupancy", **dict(zip(QUEUES, sizes)), capacity=self.depth)
+            self.events.log(keys.OCCUPANCY, **dict(zip(QUEUES, sizes)), capacity=self.depth)
 
     # -- public -------------------------------------------------------------------------------
     def start(self) -> None:

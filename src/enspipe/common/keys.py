@@ -1,0 +1,94 @@
+"""Every event a rank logs and every key of a cell's ``summary.json``, declared once with what it
+holds (as MLPerf logging's constants module does).
+
+Writers log events by these names (:class:`enspipe.common.events.EventLog` refuses any other),
+readers filter by them; ``tests/test_run.py`` holds a real run's summary and rank reports to
+:data:`SUMMARY` and :data:`RANK`, and the results table's reads to them.
+"""
+from __future__ import annotations
+
+# -- events: one JSON line each in events.rankNNNN.jsonl, with "event", "t" (Unix s) and "rank" ----
+CONFIG = "config"
+STEP = "step"
+OCCUPANCY = "occupancy"
+EXCHANGE_PATH = "exchange_path"
+MEASURE_START = "measure_start"
+MEASURE_END = "measure_end"
+STOPPED = "stopped"
+EPOCH = "epoch"
+SKIPPED = "skipped"
+END = "end"
+
+EVENTS: dict[str, str] = {
+    CONFIG: "first record: the run's configuration, scheme, role, placement, share and dataset",
+    EXCHANGE_PATH: "how a communicator group exchanges: node-shm, node-shm+mpi or mpi (and why)",
+    OCCUPANCY: "queue occupancy samples of the pipeline's stage queues (the paper's Fig. 3)",
+    STEP: "one consumed batch: step, measured or not, times, queue depths, ids (and checksum, loss)",
+    MEASURE_START: "the measured window opens at this step (and whether warm-up reached the steady state)",
+    MEASURE_END: "the measured window closes at this step",
+    STOPPED: "the producers stopped together; batches made beyond the window and discarded",
+    EPOCH: "one completed epoch: count, order-independent digest, missing samples",
+    SKIPPED: "a corrupt record or undecodable image skipped under --on-corrupt skip",
+    END: "the rank is done (with the failure, if an epoch came up short)",
+}
+
+# -- summary.json: the cell, written by rank 0 last and atomically --------------------------------
+SUMMARY: dict[str, str] = {
+    "cell": "the cell's identity as the grid names it: network, scheme, n, p, cores, consumer, rep",
+    "network": "the network trained", "consumer": "train, emulated or peak",
+    "emulated": "whether the accelerator is emulated", "accelerator": "emulated, measured or none",
+    "rate": "the emulated accelerator's rc (images/s)", "rate_source": "where rc came from",
+    "batch_size": "global batch", "steps": "measured steps", "warmup": "the --warmup asked for",
+    "cores": "cores per member (null: all)", "image_size": "preprocessed image side (px)",
+    "scheme": "the sharing scheme", "n": "members", "p": "preprocessing members",
+    "wire_dtype": "element type on the wire", "transport": "mpi4py or horovod",
+    "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
+    "dataset": "path, size, digest, whether synthetic, effective shuffle buffer",
+    "images_per_second_per_member": "mean over members of images/s in the measured window",
+    "cpu_seconds_total": "the members' own process CPU-s in the measured window, summed",
+    "stages_per_image": "CPU and wall s per delivered image by pipeline stage, mean over members",
+    "window": "the measured window's quality: warm-up steps, steady, balance, starvation",
+    "placement": "hosts, members per host, cores, oversubscription",
+    "measured_window": "the job's window (first member's start to last member's end), Unix s",
+    "node_cpu_seconds": "per host: node CPU-s (mpstat or psutil) in the job's window",
+    "node_cpu_seconds_total": "their sum", "per_core_busy_percent": "per host and core: mean busy %",
+    "cpu_source": "mpstat, psutil or none",
+    "energy_joules": "the headline energy in the job's window", "energy_source": "where it came from",
+    "energy_modelled": "whether it is the power model's", "energy_by_source": "every source's joules",
+    "energy_domains": "per source, the domains read (package, DRAM, GPU, node)",
+    "energy_unavailable": "sources asked for that could not be read, and why",
+    "energy_above_idle_joules": "energy minus idle power x window", "mean_watts": "energy / window",
+    "idle_watts": "the node's idle power", "idle_source": "where it came from",
+    "power_model": "the model's parameters (idle watts, watts per busy core)",
+    "ranks": "each member's report (keys: RANK)", "machine": "CPU model, CPUs, GPUs",
+    "slurm": "the Slurm job and step, inside one", "versions": "enspipe, TensorFlow, Python, MPI",
+    "finished": "Unix time the summary was made",
+    "failure": "why the cell failed its exactly-once promise (summary.failed.json only)",
+}
+
+RANK: dict[str, str] = {
+    "rank": "MPI rank", "host": "host name", "role": "preprocessor, leader or compute-only",
+    "host_rank": "rank among the host's members", "mpi_node": "shared-memory domain (its lowest rank)",
+    "cores": "the cores it was pinned to", "sharing_cores": "whether it shares them with other members",
+    "threads": "its thread pools' size", "share": "[lo, hi) of each global batch it preprocesses",
+    "learning_rate": "its learning rate (train)", "images": "images delivered in the window",
+    "images_preprocessed": "images its preprocess stage made in the window", "seconds": "window length",
+    "images_per_second": "images / seconds", "cpu_seconds": "its process CPU-s in the window",
+    "cpu_seconds_per_image": "cpu_seconds / images", "thread_cpu_seconds": "CPU-s by thread group",
+    "stages": "CPU and wall s by pipeline stage", "step_time_p50": "median step time (s)",
+    "step_time_p95": "95th percentile step time (s)", "wait_time_mean": "mean wait for a batch (s)",
+    "starved_fraction": "measured steps that found no batch ready",
+    "queue_occupancy": "per queue: mean and max occupancy in the window",
+    "epochs": "completed epochs: count, digest, missing", "partial_epoch": "the unfinished epoch's count",
+    "skipped": "keys skipped", "skipped_by_epoch": "those keys by epoch",
+    "short_epochs": "epochs short of the manifest, with the keys they lack",
+    "loss_first": "first loss (train)", "loss_last": "last loss (train)", "device": "the consumer's device",
+    "measured_window": "this member's window, Unix s", "started": "when its warm-up started",
+    "warmup_steps": "warm-up steps actually run", "discarded_batches": "batches made beyond the window",
+    "exchange_paths": "per communicator group: node-shm, node-shm+mpi, mpi or horovod",
+    "bytes_sent": "payload bytes it contributed in the window",
+    "bytes_received": "payload bytes it obtained from others",
+    "collective_seconds": "wall s in collectives", "collective_cpu_seconds": "CPU s in collectives",
+    "collectives": "exchange steps in the window", "copy_seconds": "wall s copying its block in",
+    "copy_cpu_seconds": "CPU s copying its block in",
+}
