@@ -180,3 +180,17 @@ def test_run_options_are_declared_once_on_the_run_config(dataset, tmp_path):
     assert len(options) > 25
     for f in options:
         assert getattr(defaults, f.name) == f.default, f.name
+
+
+def test_every_transport_offers_the_engines_interface():
+    import inspect
+
+    from enspipe.exchange.base import Transport
+    from enspipe.exchange.engine import Mpi4pyTransport
+    from enspipe.exchange.horovod import HorovodTransport
+
+    for cls in (Mpi4pyTransport, HorovodTransport):
+        assert isinstance(cls.name, str)
+        for method in ("allgatherv", "broadcast", "block_broadcasts", "close"):
+            want = list(inspect.signature(getattr(Transport, method)).parameters)
+            assert list(inspect.signature(getattr(cls, method)).parameters) == want, (cls.__name__, method)

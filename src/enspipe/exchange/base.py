@@ -1,9 +1,11 @@
-"""What every transport shares: a batch as two contiguous arrays, the exchange's byte and time
-accounting, and waiting for MPI requests without spinning."""
+"""What every transport shares: the interface the engine drives (:class:`Transport`), a batch as two
+contiguous arrays, the exchange's byte and time accounting, and waiting for MPI requests without
+spinning."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -66,3 +68,24 @@ class TransportStats:
                 "collective_seconds": self.collective_seconds,
                 "collective_cpu_seconds": self.collective_cpu_seconds, "collectives": self.collectives,
                 "copy_seconds": self.copy_seconds, "copy_cpu_seconds": self.copy_cpu_seconds}
+
+
+class Transport(Protocol):
+    """What :class:`~enspipe.exchange.engine.ExchangeEngine` needs of a transport (mpi4py with or
+    without node-shared memory, Horovod): three group collectives over the groups it was built
+    with, each leaving the member with the assembled batch; ``counts`` (block sizes, in the group's
+    order) are exchanged first where the caller does not know them. ``stats`` accounts the payload
+    and time; ``paths`` says how each of this member's groups exchanges."""
+
+    name: str
+    stats: TransportStats
+    paths: dict[tuple[int, ...], str]
+
+    def allgatherv(self, group: tuple[int, ...], mine: Batch, counts: list[int] | None = None) -> Batch: ...
+
+    def broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None, count: int | None = None) -> Batch: ...
+
+    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None,
+                         counts: list[int] | None = None) -> Batch: ...
+
+    def close(self) -> None: ...

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from enspipe.exchange.base import Batch, TransportStats, wait_quietly
+from enspipe.exchange.base import Batch, Transport, TransportStats, wait_quietly
 from enspipe.plan.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
 from enspipe.common import keys
 
@@ -181,7 +181,7 @@ class ExchangeEngine:
     (corrupt records may be skipped) each collective first exchanges them.
     """
 
-    def __init__(self, scheme: Scheme, rank: int, transport, batch: int, fixed_blocks: bool):
+    def __init__(self, scheme: Scheme, rank: int, transport: Transport, batch: int, fixed_blocks: bool):
         self.scheme, self.rank, self.transport = scheme, rank, transport
         self.batch, self.fixed_blocks = batch, fixed_blocks
         self.counts = scheme.block_counts(batch) if fixed_blocks else [None] * len(scheme.steps)
