@@ -57,3 +57,28 @@ def test_horovod_environment_is_the_run_requirements_at_tensorflow_2_15():
     for flag, value in env["variables"].items():
         assert f"{flag}={value}" in script, flag
     assert "horovod==0.28.1" in script
+
+
+LAYERS = ("common", "measure", "data", "models", "plan", "exchange", "run", "report")  # bottom to top
+
+
+def test_packages_import_only_downward():
+    """The folder tree is the architecture: a package imports only its own layer and those below
+    (src/enspipe/<layer>/), cli.py sits on top; so there is no import circle between layers."""
+    import ast
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "src" / "enspipe"
+    rank = {name: i for i, name in enumerate(LAYERS)} | {"cli": len(LAYERS), "__main__": len(LAYERS) + 1}
+    assert sorted(p.name for p in src.iterdir() if p.is_dir() and (p / "__init__.py").exists()) == sorted(LAYERS)
+    upward = []
+    for path in src.rglob("*.py"):
+        here = path.relative_to(src).parts[0].removesuffix(".py")
+        if here == "__init__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("enspipe."):
+                there = node.module.split(".")[1]
+                if rank[there] > rank[here]:
+                    upward.append(f"{path.relative_to(src)} imports {node.module}")
+    assert not upward, upward
