@@ -162,9 +162,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     os.makedirs(cfg.out, exist_ok=True)
     monitor = _start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
-    configure_tensorflow_threads(where.threads)
-
-    import tensorflow  # noqa: F401 - loaded after the thread pools are sized
+    configure_tensorflow_threads(where.threads)  # imports TensorFlow, after the pools' sizes are known
 
     heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: _fail(  # after TensorFlow's import holds the GIL
         cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
