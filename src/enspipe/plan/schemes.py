@@ -177,9 +177,10 @@ class SchemeKind:
     def takes_p(self) -> bool:
         return self.p_max is not None
 
-    def p_rule(self, n: int | None = None) -> str:
-        below = self.p_max is not None and self.p_max(2) < 2
-        return "1 <= P < N" if below else "1 <= P <= N"
+    @property
+    def p_rule(self) -> str:
+        """The rule P obeys, as error messages state it."""
+        return "1 <= P < N" if self.p_max is not None and self.p_max(2) < 2 else "1 <= P <= N"
 
 
 SCHEME_KINDS: dict[str, SchemeKind] = {k.name: k for k in (
@@ -212,7 +213,7 @@ def make_scheme(name: str, n: int, p: int | None, batch: int, nodes: Nodes | Non
                               "leave --preprocessors out for this scheme")
         p = n
     else:
-        rule = kind.p_rule()
+        rule = kind.p_rule
         if p is None:
             raise ConfigError("preprocessors", f"{name} needs the number of preprocessors P ({rule})",
                               f"pass --preprocessors P with {rule} = {n}")
