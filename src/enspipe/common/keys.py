@@ -17,6 +17,7 @@ MEASURE_END = "measure_end"
 STOPPED = "stopped"
 EPOCH = "epoch"
 SKIPPED = "skipped"
+SERVICE = "service"
 END = "end"
 
 EVENTS: dict[str, str] = {
@@ -29,6 +30,7 @@ EVENTS: dict[str, str] = {
     STOPPED: "the producers stopped together; batches made beyond the window and discarded",
     EPOCH: "one completed epoch: count, order-independent digest, missing samples",
     SKIPPED: "a corrupt record or undecodable image skipped under --on-corrupt skip",
+    SERVICE: "tfdata_service: the dispatcher's address, the dataset id, the workers, this member's worker and cache",
     END: "the rank is done (with the failure, if an epoch came up short)",
 }
 
@@ -64,10 +66,13 @@ SUMMARY: dict[str, str] = {
     "slurm": "the Slurm job and step, inside one", "versions": "enspipe, TensorFlow, Python, MPI",
     "finished": "Unix time the summary was made",
     "failure": "why the cell failed its exactly-once promise (summary.failed.json only)",
+    "delivery": "what members saw (every arm): whether exactly once is promised, the fewest distinct samples in an "
+                "epoch-length window, skipped samples in all, the slow member (--slow-member)",
+    "service": "tfdata_service only: dispatcher, dataset id, workers, cache MiB, compression, sharding",
 }
 
 RANK: dict[str, str] = {
-    "rank": "MPI rank", "host": "host name", "role": "preprocessor, leader or compute-only",
+    "rank": "MPI rank", "host": "host name", "role": "preprocessor, leader or compute-only; tfdata_service: dispatcher+worker, worker or trainer",
     "host_rank": "rank among the host's members", "mpi_node": "shared-memory domain (its lowest rank)",
     "cores": "the cores it was pinned to", "sharing_cores": "whether it shares them with other members",
     "threads": "its thread pools' size", "share": "[lo, hi) of each global batch it preprocesses",
@@ -91,4 +96,6 @@ RANK: dict[str, str] = {
     "collective_seconds": "wall s in collectives", "collective_cpu_seconds": "CPU s in collectives",
     "collectives": "exchange steps in the window", "copy_seconds": "wall s copying its block in",
     "copy_cpu_seconds": "CPU s copying its block in",
+    "delivery": "what it saw: distinct samples per epoch-length window of deliveries, samples skipped (gaps "
+                "in a producer's stream), producer streams (enspipe.data.ledger.DeliveryCounter)",
 }

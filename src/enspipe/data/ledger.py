@@ -46,3 +46,50 @@ class EpochLedger:
         """The keys of ``expected`` (id -> key of every sample) that ``epoch`` never delivered."""
         seen = set(np.concatenate(self._ids[epoch]).tolist())
         return sorted(k for i, k in expected.items() if i not in seen)
+
+
+class DeliveryCounter:
+    """What a member saw, judged the same way for every arm: over windows of ``num_images``
+    consecutive deliveries (an epoch's length, from the member's first sample), how many distinct
+    samples each held; and how many samples of a producer's stream it never received (``skipped``:
+    gaps in the stream positions of the batches it got from one producer, i.e. elements the
+    tf.data service's cross-trainer cache dropped for it while it lagged).
+
+    For enspipe's schemes every full window holds ``num_images`` distinct samples and nothing is
+    skipped (the exactly-once ledger, :class:`EpochLedger`, checks the same by epoch); the tf.data
+    service promises at most once per trainer, and with P workers every worker streams the whole
+    dataset in its own order, so a window may miss samples (each one missed there is one seen twice).
+    """
+
+    def __init__(self, num_images: int):
+        self.num_images = num_images
+        self._window: set[int] = set()
+        self._in_window = 0
+        self.windows: list[int] = []  # distinct samples of each full window
+        self._last: dict[int, int] = {}  # per producer stream: the last position received
+        self.skipped = 0
+        self.delivered = 0
+
+    def add(self, ids: np.ndarray, positions: np.ndarray, stream: int = 0) -> None:
+        """One delivered batch: its samples' ids and stream positions (ascending), from ``stream``."""
+        if len(positions):
+            last = self._last.get(stream)
+            first = int(positions[0])
+            if last is not None and first > last + 1:
+                self.skipped += first - last - 1
+            self.skipped += int(positions[-1]) - first + 1 - len(positions)  # holes within the batch
+            self._last[stream] = int(positions[-1])
+        for i in ids.tolist():
+            self._window.add(i)
+            self._in_window += 1
+            self.delivered += 1
+            if self._in_window == self.num_images:
+                self.windows.append(len(self._window))
+                self._window, self._in_window = set(), 0
+
+    def summary(self) -> dict:
+        w = self.windows
+        return {"window_samples": self.num_images, "full_windows": len(w),
+                "distinct_min": min(w) if w else None, "distinct_mean": float(np.mean(w)) if w else None,
+                "missed_mean": float(self.num_images - np.mean(w)) if w else None,
+                "skipped_samples": self.skipped, "delivered": self.delivered, "streams": len(self._last)}

@@ -292,12 +292,14 @@ class RecordReader:
                         "pass --on-corrupt skip to skip and count it")
 
 
-def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool) -> tf.data.Dataset:
+def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool,
+                   in_graph: bool = False) -> tf.data.Dataset:
     """One epoch of ``(key, payload, label, shard, record)`` in the order drawn from
     ``epoch_seed``: ``payload`` is the serialized record (``shard``/``record`` -1), the file's path
     (JPEG folders), or empty where the manifest counts every shard's records (:func:`indexed`):
     the record is then read after the stream is sliced. Either way the order is the same: the
-    draw depends only on how many records each shard holds."""
+    draw depends only on how many records each shard holds. ``in_graph`` reads every record in the
+    graph (``TFRecordDataset``), for a graph that must run elsewhere (the tf.data service's workers)."""
     if m.kind == "jpeg_folders":
         n = len(m.files)
         ds = tf.data.Dataset.from_tensor_slices((list(m.files), m.paths(), np.asarray(m.labels, np.int64),
@@ -326,21 +328,22 @@ def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip
                                                 np.arange(len(m.files), dtype=np.int64)))
     if shuffle_buffer:
         files = files.shuffle(len(m.files), seed=epoch_seed)
-    per_shard = shard_numbers if indexed(m) else (lambda path, count, shard: shard_records(path, count))
+    per_shard = shard_numbers if indexed(m) and not in_graph else (lambda path, count, shard: shard_records(path, count))
     ds = files.interleave(per_shard, cycle_length=min(4, len(m.files)), block_length=1)
     return ds.shuffle(effective_shuffle_buffer(m, shuffle_buffer), seed=epoch_seed + 1) if shuffle_buffer else ds
 
 
-def sample_stream(m: Manifest, order_seed: int, shuffle_buffer: int = 1024,
-                  skip_corrupt: bool = False) -> tf.data.Dataset:
+def sample_stream(m: Manifest, order_seed: int | tf.Tensor, shuffle_buffer: int = 1024,
+                  skip_corrupt: bool = False, in_graph: bool = False) -> tf.data.Dataset:
     """The infinite stream of ``dict(position, epoch, key, payload, label)``.
 
     ``payload`` is a serialized Slim ``tf.train.Example`` (TFRecords) or a file path (JPEG
-    folders); ``label`` is -1 until :func:`load_samples` parses the payload.
+    folders); ``label`` is -1 until :func:`load_samples` parses the payload. ``in_graph``: every
+    record is read by the graph itself (see :func:`_epoch_records`).
     """
     def epoch(e):
         seed = tf.cast(order_seed, tf.int64) * 1_000_003 + e * 7_919
-        return _epoch_records(m, seed, shuffle_buffer, skip_corrupt).map(
+        return _epoch_records(m, seed, shuffle_buffer, skip_corrupt, in_graph).map(
             lambda key, payload, label, shard, record: {"epoch": e, "key": key, "payload": payload, "label": label,
                                                         "shard": shard, "record": record})
 

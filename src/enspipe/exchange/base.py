@@ -30,6 +30,7 @@ def wait_quietly(requests) -> None:
 class Batch:
     images: np.ndarray
     meta: np.ndarray
+    stream: int = 0  # which producer's stream it came from (the tf.data service's workers; 0 otherwise)
 
     def __len__(self) -> int:
         return len(self.meta)

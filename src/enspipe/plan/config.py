@@ -22,6 +22,17 @@ PREPROCESSINGS = ("inception", "vgg")
 CPU_MONITORS = ("auto", "mpstat", "psutil", "none")
 POWER_SOURCES = ("auto", "rapl", "nvml", "slurm", "external", "modelled")
 ON_CORRUPT = ("fail", "skip")
+TFDATA_COMPRESSIONS = ("none", "AUTO")  # the tf.data service's register_dataset compression
+SERVICE_OPTIONS = ("tfdata_compression", "tfdata_cache_mb")  # only the tf.data service arm reads these
+
+
+def rank_factor(s: str) -> tuple[int, float]:
+    """``RANK:FACTOR``: member RANK's emulated accelerator runs FACTOR times slower."""
+    try:
+        rank, factor = s.split(":")
+        return int(rank), float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANK:FACTOR (e.g. 1:3), got {s!r}") from None
 MAX_SAMPLE_INTERVAL = 60.0  # seconds
 
 
@@ -131,6 +142,16 @@ class RunConfig:
     idle_watts: float = option(50.0, "power model: idle watts per node (idle + per-core watts x busy cores; its "
                                "results are labelled modelled)", parse=float)
     watts_per_core: float = option(10.0, "power model: watts per fully busy core", parse=float)
+    slow_member: tuple[int, float] | None = option(
+        None, "RANK:FACTOR: member RANK's emulated accelerator is FACTOR times slower than the others' "
+        "(emulated only): enspipe's members keep lockstep at its pace, the tf.data service lets the others "
+        "run ahead and it skip", parse=rank_factor, metavar="RANK:FACTOR")
+    tfdata_compression: str = option("none", "tfdata_service only: the service's compression of the "
+                                     "elements it sends (AUTO: TensorFlow's choice, to compare)",
+                                     choices=TFDATA_COMPRESSIONS)
+    tfdata_cache_mb: int = option(1024, "tfdata_service only: each worker's cross-trainer cache in MiB; a "
+                                  "member that falls further behind than it holds skips elements",
+                                  parse=positive_int)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +186,23 @@ class RunConfig:
                      "pass a positive rate or leave it out")
         _require(len(self.lrs) >= 1 and all(lr > 0 for lr in self.lrs), "lr",
                  f"learning rates must be positive, got {list(self.lrs)}", "pass e.g. --lr 0.01,0.02")
+        if self.slow_member is not None:
+            rank, factor = self.slow_member
+            _require(self.consumer == "emulated", "slow_member", f"slows an emulated accelerator; the consumer is "
+                     f"{self.consumer}", "pass --consumer emulated --rate R, or leave --slow-member out")
+            _require(rank >= 0 and math.isfinite(factor) and factor >= 1, "slow_member",
+                     f"needs RANK >= 0 and FACTOR >= 1, got {rank}:{factor}", "pass e.g. --slow-member 1:3")
+        service = SCHEME_KINDS[self.scheme].service if self.scheme in SCHEME_KINDS else False
+        for name in SERVICE_OPTIONS:
+            _require(service or getattr(self, name) == default(name), name, f"is for --scheme tfdata_service, "
+                     f"not {self.scheme}", f"leave --{name.replace('_', '-')} out, or pass --scheme tfdata_service")
+        _require(self.tfdata_cache_mb >= 1, "tfdata_cache_mb", f"must be >= 1 MiB, got {self.tfdata_cache_mb}",
+                 "pass MiB, e.g. 1024")
+        if service:
+            _require(self.transport == "mpi4py", "transport", "the tf.data service moves its own batches (gRPC)",
+                     "leave --transport out for --scheme tfdata_service")
+            _require(not self.skip_corrupt, "on_corrupt", "the tf.data service's workers cannot skip and count "
+                     "a corrupt record (its graph runs on the workers)", "leave --on-corrupt out for tfdata_service")
         _require(self.shuffle_buffer >= 0, "shuffle_buffer", f"must be >= 0, got {self.shuffle_buffer}",
                  "use 0 for canonical order")
         _require(self.queue_depth >= 1, "queue_depth", f"must be >= 1, got {self.queue_depth}",
@@ -231,6 +269,7 @@ class RunConfig:
         d = dataclasses.asdict(self)
         d["lrs"] = list(self.lrs)
         d["power"] = list(self.power)
+        d["slow_member"] = list(self.slow_member) if self.slow_member else None
         d["batch_size"] = self.global_batch
         return d
 

@@ -15,6 +15,10 @@ scheme that works per node is a plan like any other.
   broadcasts in flight at once.
 * ``hierarchical``: every member preprocesses 1/n; all-gather within each node, all-gather of the
   nodes' parts among one leader per node, then each leader broadcasts the batch within its node.
+* ``tfdata_service``: not enspipe's: TensorFlow's tf.data service, measured in the same cells as a
+  peer. Members 0..p-1 host its workers (member 0 its dispatcher too), each preprocessing the whole
+  stream; every member reads the shared job through the cross-trainer cache (at most once per
+  member, not exactly once). :mod:`enspipe.run.service` runs it; it has no collective steps.
 """
 from __future__ import annotations
 
@@ -60,18 +64,27 @@ class Scheme:
     preprocessors: tuple[int, ...]
     steps: tuple[Step, ...]
     shared: bool  # members consume the same batches (one stream) vs. own streams (baseline)
+    service: bool = False  # the tf.data service delivers the batches, not enspipe's exchange
+
+    @property
+    def exactly_once(self) -> bool:
+        """Whether every member must see each sample exactly once per epoch (the cell fails
+        otherwise): enspipe's schemes; the tf.data service promises at most once."""
+        return not self.service
 
     def share(self, rank: int, batch: int) -> tuple[int, int]:
         """The ``[lo, hi)`` offsets within each global batch that ``rank`` preprocesses."""
         if rank not in self.preprocessors:
             return (0, 0)
-        if not self.shared:
+        if not self.shared or self.service:  # a service worker makes whole batches of its own stream
             return (0, batch)
         i, p = self.preprocessors.index(rank), len(self.preprocessors)
         lo = i * (batch // p) + min(i, batch % p)
         return lo, lo + batch // p + (1 if i < batch % p else 0)
 
     def role(self, rank: int) -> str:
+        if self.service:
+            return "dispatcher+worker" if rank == 0 else ("worker" if rank in self.preprocessors else "trainer")
         if any(isinstance(s, Broadcast) and s.root == rank for s in self.steps):
             return "leader"
         return "preprocessor" if rank in self.preprocessors else "compute-only"
@@ -155,6 +168,10 @@ def _hierarchical(n: int, p: int, nodes: Nodes) -> Plan:
                  *(Broadcast(node, node[0]) for node in nodes))
 
 
+def _tfdata_service(n: int, p: int, nodes: Nodes) -> Plan:
+    return tuple(range(p)), ()  # the workers' hosts; no collectives: the service moves the batches
+
+
 @dataclass(frozen=True)
 class SchemeKind:
     """One registered scheme.
@@ -165,6 +182,8 @@ class SchemeKind:
       plan: ``(n, p, nodes) -> (preprocessors, steps)``; steps within a group of one are dropped.
       shared: whether members consume the same batches (everything but the baseline).
       p_max: the largest P for n members (``None``: every member preprocesses, P = N, not chosen).
+      service: whether TensorFlow's tf.data service delivers the batches (a peer system run in
+        the same cells, :mod:`enspipe.run.service`) rather than enspipe's exchange.
     """
 
     name: str
@@ -172,6 +191,7 @@ class SchemeKind:
     plan: Callable[[int, int, Nodes], Plan]
     shared: bool = True
     p_max: Callable[[int], int] | None = None
+    service: bool = False
 
     @property
     def takes_p(self) -> bool:
@@ -193,6 +213,9 @@ SCHEME_KINDS: dict[str, SchemeKind] = {k.name: k for k in (
                _multi_broadcast, p_max=lambda n: n),
     SchemeKind("hierarchical", "each member preprocesses 1/n; all-gather per node, across node leaders, "
                "then a broadcast within each node", _hierarchical),
+    SchemeKind("tfdata_service", "the peer: TensorFlow's tf.data service, P workers (member 0 also the dispatcher) "
+               "preprocessing the whole stream each, every member a trainer on the cross-trainer cache (at most once)",
+               _tfdata_service, p_max=lambda n: n, service=True),
 )}
 
 
@@ -225,7 +248,7 @@ def make_scheme(name: str, n: int, p: int | None, batch: int, nodes: Nodes | Non
     if kind.shared:
         _check_batch(batch, p)
     pre, steps = kind.plan(n, p, nodes)
-    return Scheme(name, n, p, pre, _nontrivial(*steps), shared=kind.shared)
+    return Scheme(name, n, p, pre, _nontrivial(*steps), shared=kind.shared, service=kind.service)
 
 
 def _nontrivial(*steps: Step) -> tuple[Step, ...]:

@@ -76,7 +76,8 @@ class TrainConsumer:
 def make_consumer(cfg, num_classes: int, member: int, dequantize=None):
     if cfg.consumer == "peak":
         return PeakConsumer()
-    if cfg.consumer == "emulated":
-        return EmulatedConsumer(cfg.rate)
+    if cfg.consumer == "emulated":  # --slow-member RANK:FACTOR slows one member's accelerator
+        slow = cfg.slow_member is not None and cfg.slow_member[0] == member
+        return EmulatedConsumer(cfg.rate / cfg.slow_member[1] if slow else cfg.rate)
     return TrainConsumer(cfg.network, num_classes, cfg.image_size, cfg.lr_for(member),
                          seed=cfg.seed * 1000 + member, dequantize=dequantize)

@@ -55,6 +55,9 @@ def run(cfg: RunConfig) -> int:
     rank, n = comm.Get_rank(), comm.Get_size()
     try:
         scheme = make_scheme(cfg.scheme, n, cfg.preprocessors, cfg.global_batch)
+        if cfg.slow_member is not None and cfg.slow_member[0] >= n:
+            raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {n}",
+                              f"pass a rank below {n}")
     except ConfigError as e:  # every rank reaches the same verdict: no collective needed
         if rank == 0:
             print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
@@ -139,7 +142,7 @@ class _Window:
     cpu_seconds: float
     wall: tuple[float, float]
     thread_cpu: dict
-    preprocessed: int
+    preprocessed: int | None
     clocks: tuple[dict, dict]
     exchange: dict
     slurm_joules: tuple[float | None, float | None]
@@ -168,13 +171,12 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
         cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
         timeout=cfg.peer_timeout).start()
     from enspipe.common.events import EventLog
-    from enspipe.data.ledger import EpochLedger
+    from enspipe.data.ledger import DeliveryCounter, EpochLedger
     from enspipe.data.manifest import DataError
     from enspipe.data.shards import load_manifest, verify_digest
-    from enspipe.exchange.engine import ExchangeEngine, Mpi4pyTransport
     from enspipe.models.networks import NETWORKS
     from enspipe.run.consumers import make_consumer
-    from enspipe.run.pipeline import Pipeline, quantizer
+    from enspipe.run.pipeline import quantizer
 
     if rank == 0:  # a rerun must not leave an old summary or an old failure looking like its result
         for old in [SUMMARY, FAILED_SUMMARY, *(f for f in os.listdir(cfg.out) if f.startswith(("failed.rank", "error.rank")))]:
@@ -198,6 +200,29 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
                f"steps={cfg.warmup}+{cfg.steps} cores={cfg.cores or 'all'} {cfg.image_size}px"
                f"{' OVERSUBSCRIBED' if where.oversubscribed else ''} -> {cfg.out}")
 
+    if scheme.service:  # the peer: TensorFlow's tf.data service delivers the batches
+        from enspipe.run.service import ServicePipeline, TfDataService
+
+        transport = TfDataService(comm, scheme, cfg, manifest, preprocessing, where.threads, events)
+        pipeline = ServicePipeline(transport, rank, cfg.queue_depth, cfg.sample_interval, events)
+    else:
+        transport, pipeline = _enspipe_pipeline(cfg, comm, scheme, rank, manifest, preprocessing, where, events)
+    dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
+    consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
+    member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images),
+                     DeliveryCounter(manifest.num_images), events, progress)
+    started = time.time()
+    if monitor:
+        monitor.mark("warmup_start", started)
+    return _Job(cfg, comm, scheme, progress, where, affinity, monitor, heartbeat, events, manifest, preprocessing,
+                transport, pipeline, consumer, member, _slurm_counter(cfg) if rank == 0 else None, started)
+
+
+def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preprocessing: str, where, events):
+    """The transport and the staged pipeline of one of enspipe's schemes."""
+    from enspipe.exchange.engine import ExchangeEngine, Mpi4pyTransport
+    from enspipe.run.pipeline import Pipeline
+
     size = cfg.image_size
     wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
     common = (comm, scheme.groups(), (size, size, 3), wire)
@@ -209,8 +234,6 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
         transport = Mpi4pyTransport(*common, max_batch=cfg.global_batch, queue_depth=cfg.queue_depth,
                                     node_shm=cfg.node_shm, events=events, uses=scheme.uses())
     engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt)
-    dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
-    consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
     seed_offset = 0 if scheme.shared else rank  # baseline members each have their own stream
     pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=cfg.global_batch,
                         preprocessing=preprocessing, image_size=size, threads=where.threads,
@@ -218,12 +241,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
                         shuffle_buffer=cfg.shuffle_buffer, queue_depth=cfg.queue_depth,
                         skip_corrupt=cfg.skip_corrupt, fast_mode=cfg.fast_mode, wire_dtype=cfg.wire_dtype,
                         sample_interval=cfg.sample_interval, events=events)
-    member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images), events, progress)
-    started = time.time()
-    if monitor:
-        monitor.mark("warmup_start", started)
-    return _Job(cfg, comm, scheme, progress, where, affinity, monitor, heartbeat, events, manifest, preprocessing,
-                transport, pipeline, consumer, member, _slurm_counter(cfg) if rank == 0 else None, started)
+    return transport, pipeline
 
 
 def _measure(job: _Job, warmup_steps: int, steady: bool | None) -> _Window:
@@ -242,7 +260,8 @@ def _measure(job: _Job, warmup_steps: int, steady: bool | None) -> _Window:
         job.member.step(step, measured=True)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
-    preprocessed, clock1 = job.pipeline.preprocessed - prep0, job.pipeline.clock.snapshot()
+    preprocessed = None if prep0 is None else job.pipeline.preprocessed - prep0  # None: the service's workers
+    clock1 = job.pipeline.clock.snapshot()
     comm1 = job.transport.stats.as_dict()
     exchange = {k: v - comm0[k] for k, v in comm1.items()}  # collectives in the measured window
     slurm_j1 = _read_slurm(job.slurm)
@@ -274,7 +293,7 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
     for e in epochs:
         job.events.log(keys.EPOCH, **e)
     skipped = job.pipeline.skipped(warmup_steps + cfg.steps)
-    short: dict[int, list[str] | None] = dict.fromkeys(member.ledger.short())
+    short: dict[int, list[str] | None] = dict.fromkeys(member.ledger.short() if job.scheme.exactly_once else ())
     wanted = expected_keys(job.manifest) if short else None
     if wanted:  # an epoch short of the manifest: the keys it lacks tell skipped from lost
         expected = dict(zip(sample_ids(wanted).tolist(), wanted))
@@ -305,6 +324,7 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
         "exchange_paths": {",".join(map(str, g)): p for g, p in job.transport.paths.items()},
         # collectives in the measured window (the exchange stage runs up to a queue ahead of it)
         **w.exchange,
+        "delivery": member.delivery.summary(),
     }
 
 
@@ -378,6 +398,8 @@ def _summary(job: _Job, reports: list[dict], nodes: list[dict], window: tuple[fl
         "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
         "stages_per_image": stages.mean_per_image(reports),
         "window": _window_summary(scheme, reports, warmup_steps, steady),
+        "delivery": _delivery_summary(scheme, reports, cfg),
+        "service": job.transport.describe() if scheme.service else None,
         "placement": job.where.as_dict(),
         **measured,
         "ranks": reports,
@@ -422,8 +444,9 @@ class _Member:
     """One member's consumer side: takes its pipeline's batches, feeds its consumer, keeps the
     exactly-once ledger and logs one event per step; the measured steps' numbers accumulate."""
 
-    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, events, progress: dict):
+    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, delivery, events, progress: dict):
         self.cfg, self.pipeline, self.consumer, self.ledger, self.events = cfg, pipeline, consumer, ledger, events
+        self.delivery = delivery  # what it saw, judged alike for every arm (DeliveryCounter)
         self.progress = progress
         self.fault = _injected_fault(rank)
         self.step_times: list[float] = []
@@ -449,6 +472,7 @@ class _Member:
         out = self.consumer.step(batch.images, batch.meta[:, 3])
         t_done, cpu_done = time.perf_counter(), time.thread_time()
         self.ledger.add(batch.meta[:, 0], batch.meta[:, 1])
+        self.delivery.add(batch.meta[:, 0], batch.meta[:, 2], batch.stream)
         if measured:
             self.images += len(batch)
             self.starved += starved
@@ -543,15 +567,27 @@ def _stop_producers(comm, pipeline) -> int:
     return pipeline.drain()
 
 
+def _delivery_summary(scheme, reports: list[dict], cfg: RunConfig) -> dict:
+    """What the members saw, side by side for every arm (see :class:`enspipe.data.ledger.DeliveryCounter`)."""
+    d = [r["delivery"] for r in reports]
+    distinct = [x["distinct_min"] for x in d if x["distinct_min"] is not None]
+    return {"exactly_once": scheme.exactly_once, "window_samples": d[0]["window_samples"],
+            "distinct_min": min(distinct) if distinct else None,
+            "skipped_samples": sum(x["skipped_samples"] for x in d),
+            "skipped_by_member": [x["skipped_samples"] for x in d],
+            "slow_member": list(cfg.slow_member) if cfg.slow_member else None}
+
+
 def _window_summary(scheme, reports: list[dict], warmup_steps: int, steady: bool | None) -> dict:
     """Whether the window's CPU and its images describe the same work: the images the members
     preprocessed inside it against those they had to (every member's own batches for the
     baseline; one copy of each shared batch otherwise)."""
     delivered = [r["images"] for r in reports]
     needed = sum(delivered) if not scheme.shared else max(delivered)
-    made = sum(r["images_preprocessed"] for r in reports)
+    made = [r["images_preprocessed"] for r in reports]
+    made = None if None in made else sum(made)  # None: the tf.data service's workers do not say
     return {"warmup_steps": warmup_steps, "steady": steady, "images_preprocessed": made, "images_needed": needed,
-            "balance": made / needed if needed else None,
+            "balance": made / needed if needed and made is not None else None,
             "starved_fraction": float(np.mean([r["starved_fraction"] for r in reports]))}
 
 

@@ -62,6 +62,31 @@ def quantizer(preprocessing: str):
     return quantize, dequantize
 
 
+def element_fn(preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed):
+    """One sample's preprocessing, the same in every arm (enspipe's pipelines and the tf.data
+    service's graph): decode and augment with the stateless seed ``(prep_seed, position)``,
+    quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``."""
+    prep = make_preprocess_fn(preprocessing, size, fast_mode)
+    quantize = quantizer(preprocessing)[0] if wire_dtype == "uint8" else (lambda x: x)
+
+    def one(e):
+        seed = tf.stack([tf.cast(prep_seed, tf.int64), e["position"]])
+        return quantize(prep(e["encoded"], seed)), tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
+
+    return one
+
+
+def occupancy_stats(samples: list[tuple], names: tuple[str, ...], depth: int, t0: float, t1: float) -> dict:
+    """Per queue, the mean, min and max occupancy (fraction of ``depth``) over the samples
+    ``(time, size per queue...)`` taken in ``[t0, t1]`` (all of them if none was)."""
+    rows = [s for s in samples if t0 <= s[0] <= t1] or samples
+    if not rows:
+        return {}
+    arr = np.array([r[1:] for r in rows], dtype=float) / depth
+    return {q: {"mean": float(arr[:, i].mean()), "min": float(arr[:, i].min()), "max": float(arr[:, i].max())}
+            for i, q in enumerate(names)} | {"samples": len(rows), "capacity_batches": depth}
+
+
 class Pipeline:
     def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
                  preprocessing: str, image_size: int, threads: int, order_seed: int, prep_seed: int,
@@ -155,10 +180,8 @@ class Pipeline:
             self._put("preprocessing", item)
 
     def _preprocess(self) -> None:
-        prep = make_preprocess_fn(self.preprocessing, self.size, self.fast_mode)
-        quantize = quantizer(self.preprocessing)[0] if self.wire_dtype == "uint8" else (lambda x: x)
+        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed)
         pending: collections.deque = collections.deque()
-        prep_seed = np.int64(self.prep_seed)
         waited = [0.0]  # seconds the stage's input generator waited for the read stage
 
         def gen():
@@ -171,10 +194,6 @@ class Pipeline:
 
         sig = {"encoded": tf.TensorSpec([None], tf.string),
                **{k: tf.TensorSpec([None], tf.int64) for k in ("id", "epoch", "position", "label")}}
-
-        def one(e):
-            image = quantize(prep(e["encoded"], tf.stack([prep_seed, e["position"]])))
-            return image, tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
 
         slice_len = self.share[1] - self.share[0]
 
@@ -316,9 +335,4 @@ class Pipeline:
             t.join(timeout)
 
     def occupancy_stats(self, t0: float, t1: float) -> dict:
-        rows = [s for s in self.samples if t0 <= s[0] <= t1] or self.samples
-        if not rows:
-            return {}
-        arr = np.array([r[1:] for r in rows], dtype=float) / self.depth
-        return {q: {"mean": float(arr[:, i].mean()), "min": float(arr[:, i].min()), "max": float(arr[:, i].max())}
-                for i, q in enumerate(QUEUES)} | {"samples": len(rows), "capacity_batches": self.depth}
+        return occupancy_stats(self.samples, QUEUES, self.depth, t0, t1)
