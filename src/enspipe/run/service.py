@@ -135,7 +135,8 @@ class TfDataService:
         svc = tf.data.experimental.service
         return svc.from_dataset_id(processing_mode=svc.ShardingPolicy.OFF, service=f"grpc://{self.address}",
                                    dataset_id=self.dataset_id, element_spec=element_spec(self.cfg), job_name=JOB,
-                                   cross_trainer_cache=svc.CrossTrainerCache(trainer_id=trainer_id))
+                                   cross_trainer_cache=svc.CrossTrainerCache(trainer_id=trainer_id),
+                                   target_workers="ANY")  # every worker, not only one in this process
 
     def close(self) -> None:
         """Stop the servers once every member has stopped reading (a worker must outlive its readers)."""

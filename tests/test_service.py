@@ -1,0 +1,102 @@
+"""The tf.data service arm (``--scheme tfdata_service``): real dispatcher and workers under mpiexec."""
+import numpy as np
+import pytest
+
+from conftest import enspipe, manifest, step_values, summary
+
+from enspipe.data.ledger import DeliveryCounter
+
+COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
+          "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums"]
+
+
+def _run(dataset, out, n, *args):
+    r = enspipe("run", "--data", dataset, "--out", out, *args, n=n)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return summary(out)
+
+
+@pytest.mark.mpi
+def test_one_worker_delivers_all_shareds_batches(dataset, tmp_path):
+    """One worker streams enspipe's own stream (order, augmentation seeds): while no member lags,
+    every member gets All-Shared's batches bit for bit, each sample once per epoch."""
+    s = _run(dataset, tmp_path / "svc", 2, "--scheme", "tfdata_service", "--preprocessors", "1", *COMMON)
+    _run(dataset, tmp_path / "as", 2, "--scheme", "all_shared", *COMMON)
+    assert (s["scheme"], s["p"], s["transport"]) == ("tfdata_service", 1, "tf.data service (gRPC)")
+    assert s["service"]["workers"] == 1 and s["service"]["sharding"] == "OFF"
+    assert [r["role"] for r in s["ranks"]] == ["dispatcher+worker", "trainer"]
+    want = step_values(tmp_path / "as", 0, "batch_checksum")
+    for rank in range(2):
+        assert step_values(tmp_path / "svc", rank, "batch_checksum") == want
+    assert s["delivery"]["exactly_once"] is False and s["delivery"]["skipped_samples"] == 0
+    assert s["delivery"]["distinct_min"] == 50 == s["delivery"]["window_samples"]
+    digest = manifest(dataset)["digest"]
+    assert all(r["epochs"][0]["digest"] == digest for r in s["ranks"])
+    assert s["window"]["images_preprocessed"] is None  # the workers' count is not observable: not guessed
+
+
+@pytest.mark.mpi
+def test_several_workers_each_stream_the_whole_dataset(dataset, tmp_path):
+    """ShardingPolicy.OFF: each of P workers streams the whole dataset in its own order, and every
+    member reads from all of them; the delivery counter sees it (and all_shared's does not)."""
+    s = _run(dataset, tmp_path, 4, "--scheme", "tfdata_service", "--preprocessors", "2", *COMMON, "--steps", "20")
+    assert [r["role"] for r in s["ranks"]] == ["dispatcher+worker", "worker", "trainer", "trainer"]
+    assert all(r["delivery"]["streams"] == 2 for r in s["ranks"])
+    assert all(r["images"] == 160 for r in s["ranks"])
+    # two independent orders: an epoch's length of deliveries cannot hold every sample once
+    assert s["delivery"]["distinct_min"] < 50
+
+
+@pytest.mark.mpi
+def test_a_lagging_member_skips_on_a_small_cache(dataset, tmp_path):
+    """A member 4x slower than the others on a ~10-element cache: the service lets the others run
+    ahead and drops elements for it. What it skipped are whole elements (batches) of the one
+    stream, all of which the fast member received, in the same order."""
+    s = _run(dataset, tmp_path, 2, "--scheme", "tfdata_service", "--preprocessors", "1", *COMMON,
+             "--consumer", "emulated", "--rate", "800", "--slow-member", "1:4", "--tfdata-cache-mb", "1",
+             "--steps", "40")
+    fast, slow = s["ranks"]
+    assert fast["delivery"]["skipped_samples"] == 0
+    assert slow["delivery"]["skipped_samples"] > 0 and slow["delivery"]["skipped_samples"] % 8 == 0
+    assert s["delivery"]["skipped_by_member"] == [0, slow["delivery"]["skipped_samples"]]
+    f, sl = step_values(tmp_path, 0, "batch_checksum"), step_values(tmp_path, 1, "batch_checksum")
+    at = {c: i for i, c in enumerate(f)}
+    seen = [at[c] for c in sl if c in at]  # the slow member's batches the fast one also got (it stops first)
+    assert seen == sorted(seen) and len(seen) >= 5
+    gaps = sum(b - a - 1 for a, b in zip(seen, seen[1:]))  # counted from the fast member's stream
+    assert 0 < gaps * 8 <= slow["delivery"]["skipped_samples"]
+
+
+def test_delivery_counter_counts_gaps_and_windows():
+    c = DeliveryCounter(10)
+    for k in (0, 1, 3, 4, 7):  # batches of 4 positions; batches 2, 5 and 6 never arrive
+        pos = np.arange(k * 4, k * 4 + 4)
+        c.add(pos % 10, pos)
+    out = c.summary()
+    assert out["skipped_samples"] == 12 and out["delivered"] == 20
+    assert out["full_windows"] == 2 and out["distinct_min"] == 8  # positions 0-7, 12-13 hold 8 distinct samples
+    c = DeliveryCounter(6)
+    c.add(np.array([1, 2, 3]), np.array([0, 1, 2]), stream=5)
+    c.add(np.array([1, 2, 3]), np.array([0, 1, 2]), stream=9)  # another worker's stream: no gap, a repeat
+    assert c.skipped == 0 and c.windows == [3] and c.summary()["streams"] == 2
+
+
+@pytest.mark.parametrize("n, args, option", [
+    (2, ["--scheme", "tfdata_service", "--preprocessors", "3"], "--preprocessors"),
+    (2, ["--scheme", "tfdata_service"], "--preprocessors"),
+    (None, ["--scheme", "tfdata_service", "--preprocessors", "1", "--tfdata-compression", "ZSTD"],
+     "--tfdata-compression"),
+    (None, ["--scheme", "all_shared", "--tfdata-compression", "AUTO"], "--tfdata-compression"),
+    (None, ["--scheme", "all_shared", "--tfdata-cache-mb", "8"], "--tfdata-cache-mb"),
+    (None, ["--scheme", "tfdata_service", "--preprocessors", "1", "--tfdata-cache-mb", "0"], "--tfdata-cache-mb"),
+    (None, ["--scheme", "tfdata_service", "--preprocessors", "1", "--on-corrupt", "skip"], "--on-corrupt"),
+    (None, ["--slow-member", "0:3"], "--slow-member"),
+    (None, ["--consumer", "emulated", "--rate", "100", "--slow-member", "1:0.5"], "--slow-member"),
+    (None, ["--consumer", "emulated", "--rate", "100", "--slow-member", "one:3"], "--slow-member"),
+    (2, ["--consumer", "emulated", "--rate", "100", "--slow-member", "2:3"], "--slow-member"),
+])
+def test_bad_service_and_lag_options_exit_2_naming_the_option(dataset, tmp_path, n, args, option):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--network", "tiny", *args, n=n)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert option in r.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()
