@@ -51,3 +51,32 @@ rule cell_mpi:
         slurm_extra=slurm_extra,
     shell:
         "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
+
+
+rule lag_cell:
+    """One member's accelerator slowed (config lag): enspipe's lockstep against the tf.data
+    service's run-ahead-and-skip, one cell per scheme."""
+    input:
+        manifest=f"{DATASET}/manifest.json",
+        idle=IDLE,
+        rates=RATES,
+    output:
+        summary="results/lag/{scheme}/summary.json",
+    params:
+        enspipe=ENSPIPE,
+        args=lag_args,
+        out=lambda wildcards, output: os.path.dirname(output.summary),
+    conda:
+        ENV
+    log:
+        "results/logs/lag/{scheme}.log",
+    threads: exclusive_threads
+    resources:
+        tasks=lambda wildcards: LAG_CELLS[wildcards.scheme].n,
+        mpi=config["mpi"]["launcher"],
+        cpus_per_task=lambda wildcards: cores_per_task(LAG_CELLS[wildcards.scheme]),
+        mem_mb=lambda wildcards: LAG_CELLS[wildcards.scheme].n * SLURM["mem_mb_per_task"],
+        runtime=SLURM["runtime"],
+        slurm_extra=slurm_extra,
+    shell:
+        "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"

@@ -34,6 +34,7 @@ if config["dataset"].get("path"):  # the data stage reads it: refuse a wrong one
 
 try:
     CELLS, GRID_NOTES = grid.expand(config)
+    LAG_CELLS = {c.scheme: c for c in grid.lag_cells(config)}
 except grid.GridError as e:
     raise WorkflowError(f"config: {e}") from None
 for note in GRID_NOTES:
@@ -74,6 +75,12 @@ def cell_args(wildcards, input, n=None):
     """``enspipe run`` arguments of a cell, quoted for the shell."""
     cell = cell_of(wildcards, n)
     args = grid.run_args(config, cell, input.rates if cell.consumer == "emulated" else None)
+    return grid.shell_args(args + ["--data", DATASET, "--idle-power", input.idle])
+
+
+def lag_args(wildcards, input):
+    """``enspipe run`` arguments of the lag cell of a scheme (config ``lag``), quoted for the shell."""
+    args = grid.lag_args(config, LAG_CELLS[wildcards.scheme], input.rates)
     return grid.shell_args(args + ["--data", DATASET, "--idle-power", input.idle])
 
 

@@ -6,6 +6,7 @@ rule figures:
         table="results/tables/cells.csv",
         rates="results/calibration/rates.json",
         idle="results/idle/power.json",
+        lag="results/tables/lag.csv",
     output:
         figures.workflow_outputs(report),  # the registry in src/enspipe/report/figures.py
     conda:

@@ -7,5 +7,6 @@ from enspipe.report.figures import render
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
-    paths = render(snakemake.input.table, snakemake.input.rates, snakemake.input.idle, "results/figures")  # noqa: F821
+    paths = render(snakemake.input.table, snakemake.input.rates, snakemake.input.idle, "results/figures",  # noqa: F821
+                   lag_csv=snakemake.input.lag)  # noqa: F821
     print("\n".join(paths), file=log)

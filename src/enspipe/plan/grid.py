@@ -18,6 +18,7 @@ from enspipe.plan.config import default
 from enspipe.plan.schemes import SCHEME_KINDS, make_scheme
 
 RUNS = "results/runs"
+LAG = "results/lag/{scheme}/summary.json"  # the lag cells (config ``lag``), one per scheme
 CELL_PATTERN = RUNS + "/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}/summary.json"
 CELL_FIELDS = ("network", "scheme", "n", "p", "cores", "consumer", "rep")  # a cell's identity
 
@@ -123,7 +124,7 @@ def valid(scheme: str, n: int, p: int, batch: int) -> bool:
 def calibrations(config: dict) -> list[tuple[str, str]]:
     """(network, cores) pairs whose preprocessing rate rp the grid needs: every core limit a
     cell uses, and full cores wherever an emulated accelerator's rate is relative to rp."""
-    every = cells(config)
+    every = cells(config) + lag_cells(config)
     pairs = {(c.network, c.cores) for c in every}
     pairs |= {(c.network, "all") for c in every if c.consumer == "emulated"}
     return sorted(pairs)
@@ -160,6 +161,32 @@ def run_args(config: dict, cell: Cell, rates: str | None = None) -> list[str]:
     if power.get("csv"):
         args += ["--power-csv", str(power["csv"])]
     return args
+
+
+def lag_cells(config: dict) -> list[Cell]:
+    """The lag cells of the config's ``lag`` section (none without one): one per scheme, each with
+    an emulated accelerator, ``slow_member`` slowed ``slowdown`` times (``--slow-member``)."""
+    lag = config.get("lag")
+    if not lag:
+        return []
+    out = []
+    batch = batch_size(config, lag["network"])
+    for scheme in lag["schemes"]:
+        p = int(lag.get("p", 1)) if SCHEME_KINDS[scheme].takes_p else int(lag["n"])
+        why = invalid(scheme, int(lag["n"]), p, batch)
+        if why:
+            raise GridError(f"lag: {scheme} with n={lag['n']}, p={p}: {why}")
+        out.append(Cell(lag["network"], scheme, int(lag["n"]), p, _cores(lag.get("cores", "all")), "emulated", 0))
+    if not 0 <= int(lag.get("slow_member", 1)) < int(lag["n"]):
+        raise GridError(f"lag: slow_member {lag.get('slow_member', 1)} is not a member of n={lag['n']}")
+    return out
+
+
+def lag_args(config: dict, cell: Cell, rates: str) -> list[str]:
+    """``enspipe run`` arguments of a lag cell: a cell's, and the slowed member."""
+    lag = config["lag"]
+    return run_args(config, cell, rates) + ["--slow-member", f"{int(lag.get('slow_member', 1))}:"
+                                                              f"{float(lag.get('slowdown', 3))}"]
 
 
 def shell_args(args: list[str]) -> str:

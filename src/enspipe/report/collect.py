@@ -39,6 +39,7 @@ ROW_COLUMNS = (  # one cell's own summary (cell_row)
     "queue_preprocessing_mean", "queue_compute_mean", "epochs_exact", "hosts", "machine", "summary",
     "warmup_steps", "steady", "window_balance", "starved_fraction",
     "members_per_host", "host_cpus", "cores_per_member", "oversubscribed", "node_vs_process_cpu", "node_quiet",
+    "exactly_once", "distinct_min", "window_samples", "skipped_samples",
 )
 COLUMNS = ROW_COLUMNS + (  # and against its baseline (add_reductions)
     "reduction_ceiling", "ceiling_tolerance", "cpu_reduction_node", "cpu_reduction_process", "exceeds_ceiling",
@@ -96,8 +97,45 @@ def cell_row(s: dict, path: str = "") -> dict:
         "queue_compute_mean": _mean([o.get("compute", {}).get("mean") for o in occ]),
         "epochs_exact": exact, "hosts": ",".join(sorted({r["host"] for r in ranks})),
         "machine": _machine(s), "summary": path,
-        **_window(s), **_placement(s, ranks), **_quiet(node_cpu, s["cpu_seconds_total"]),
+        **_window(s), **_placement(s, ranks), **_quiet(node_cpu, s["cpu_seconds_total"]), **_delivery(s),
     }
+
+
+def _delivery(s: dict) -> dict:
+    """What the members saw: whether the arm promises exactly once, the fewest distinct samples in
+    an epoch-length window of one member's deliveries, and the samples skipped in all."""
+    d = s.get("delivery") or {}
+    return {"exactly_once": d.get("exactly_once"), "distinct_min": d.get("distinct_min"),
+            "window_samples": d.get("window_samples"), "skipped_samples": d.get("skipped_samples")}
+
+
+LAG_COLUMNS = ("scheme", "p", "member", "slow", "slowdown", "images_per_second", "rate_share", "skipped_samples",
+               "distinct_min", "window_samples", "exactly_once", "cell", "accelerator", "summary")
+
+
+def lag_rows(paths: list[str]):
+    """The lag cells' table (``--slow-member``): one row per member of each cell, its delivered
+    rate (and as a share of the fastest member's), the samples it skipped and the fewest distinct
+    samples in an epoch-length window of its deliveries."""
+    import pandas as pd
+
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            s = json.load(f)
+        slow = (s.get("delivery") or {}).get("slow_member") or [None, 1.0]
+        top = max(r["images_per_second"] or 0 for r in s["ranks"]) or None
+        for r in s["ranks"]:
+            d = r.get("delivery") or {}
+            rows.append({"scheme": s["scheme"], "p": s["p"], "member": r["rank"], "slow": r["rank"] == slow[0],
+                         "slowdown": slow[1] if r["rank"] == slow[0] else 1.0,
+                         "images_per_second": r["images_per_second"],
+                         "rate_share": r["images_per_second"] / top if top and r["images_per_second"] else None,
+                         "skipped_samples": d.get("skipped_samples"), "distinct_min": d.get("distinct_min"),
+                         "window_samples": d.get("window_samples"),
+                         "exactly_once": (s.get("delivery") or {}).get("exactly_once"),
+                         "cell": Cell.of(s["cell"]).name, "accelerator": s["accelerator"], "summary": path})
+    return pd.DataFrame(rows, columns=list(LAG_COLUMNS))
 
 
 def _window(s: dict) -> dict:

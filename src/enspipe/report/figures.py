@@ -44,6 +44,7 @@ class Inputs:
     tables: dict
     rates: dict | None
     idle: dict | None
+    lag: pd.DataFrame | None = None  # the lag cells' members (collect.lag_rows), where the workflow ran them
 
     @property
     def source(self) -> str:  # where the training cells' numbers came from
@@ -275,6 +276,44 @@ def pair_figure(t: pd.DataFrame, value: str, df: pd.DataFrame, path_stem: str, t
           _placement_note(t) + provenance(df.query(tables.TRAINING)), **bars)
 
 
+def peer_figure(t: pd.DataFrame, path_stem: str) -> None:
+    """Every scheme beside the tf.data service: CPU-s per delivered image and images/s per member
+    (medians over repeats, bars: min-max), one panel pair per core limit."""
+    title = "enspipe's schemes and the tf.data service, side by side (peak, no accelerator)"
+    if t.empty:
+        return _no_data(path_stem, title, "the grid has no tfdata_service cells beside the schemes'")
+    limits = sorted(set(t["cores"]), key=lambda c: (c != "all", c))
+    fig, axes = _plt().subplots(2, len(limits), figsize=(6.5 * len(limits), 7.5), squeeze=False, layout="constrained")
+    labels = sorted(set(t["label"]), key=scheme_order)
+    width = 0.8 / len(labels)
+    for j, cores in enumerate(limits):
+        d = t[t["cores"] == cores]
+        ns = sorted(set(d["n"]))
+        for i, label in enumerate(labels):
+            rows = d[d["label"] == label].set_index("n").reindex(ns)
+            xs = np.arange(len(ns)) + (i - (len(labels) - 1) / 2) * width
+            hatch = "xx" if label.startswith(tables.PEERS) else None
+            axes[0][j].bar(xs, rows["process_cpu_seconds_per_image"] * 1e3, width, label=label, hatch=hatch)
+            err = [rows["images_per_second_per_member"] - rows["rate_min"],
+                   rows["rate_max"] - rows["images_per_second_per_member"]]
+            axes[1][j].bar(xs, rows["images_per_second_per_member"], width, yerr=err, capsize=2, label=label,
+                           hatch=hatch)
+        for k, ylabel in enumerate(("CPU ms per delivered image (own processes)", "images/s per member")):
+            ax = axes[k][j]
+            ax.set_xticks(range(len(ns)), [f"n={n}" for n in ns])
+            ax.set(ylabel=ylabel, title=f"cores per member: {cores}")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title)
+    seen = t.dropna(subset=["distinct_min"])
+    repeats = f"{int(t['repeats'].min())}+ repeats per bar" if len(t) else ""
+    short = seen[seen["distinct_min"] < seen["window_samples"]]
+    what = ("; fewest distinct samples in an epoch-length window: " + ", ".join(
+        f"{r.label} n={r.n} c={r.cores}: {int(r.distinct_min)}/{int(r.window_samples)}" for r in short.itertuples())
+        if len(short) else "")
+    _save(fig, path_stem, f"Hatched: the tf.data service (at most once per member). {repeats}{what}. "
+                          f"{_placement_note(t)}{provenance(t)}")
+
+
 def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
     """Fig. 14: node power over time, All-Shared vs baseline (AlexNet where present, full cores,
     the largest n), from each cell's headline energy source; the idle power as a line."""
@@ -304,24 +343,26 @@ def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
 
 
 # -- everything -----------------------------------------------------------------------------------
-def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_dir: str) -> list[str]:
+def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_dir: str,
+           lag_csv: str | None = None) -> list[str]:
     """Render every output of :data:`OUTPUTS` into ``out_dir``; returns the paths written."""
     df = tables.load(table_csv)
     derived = {"table1": tables.solo_vs_parallel(df), "table2": tables.core_usage_under_limit(df),
                "fig11": tables.broadcast_cpu(df), "fig12": tables.cpu_reduction(df),
                "fig13": tables.core_limit_speedup(df), "table3": tables.slowdown_at_one_core(df),
-               "table5": tables.energy(df)}
+               "table5": tables.energy(df), "peer": tables.peer_comparison(df)}
     idle = _json(idle_json)
     derived["table4"] = tables.idle_power(idle, df)
-    ins = Inputs(df, derived, _json(rates_json), idle)
+    lag = pd.read_csv(lag_csv) if lag_csv and os.path.getsize(lag_csv) else None
+    ins = Inputs(df, derived, _json(rates_json), idle, lag)
     os.makedirs(out_dir, exist_ok=True)
     for o in OUTPUTS.values():
         o.write(ins, os.path.join(out_dir, o.name))
     return [os.path.join(out_dir, f"{o.name}.{ext}") for o in OUTPUTS.values() for ext in o.formats]
 
 
-ALONE, PEAK, CPU, LIMITS, ENERGY, PAPER = ("1 One member alone", "2 Peak throughput", "3 CPU", "4 Core limits",
-                                           "5 Energy", "0 Paper vs this run")
+ALONE, PEAK, CPU, LIMITS, ENERGY, PAPER, PEER = ("1 One member alone", "2 Peak throughput", "3 CPU", "4 Core limits",
+                                                 "5 Energy", "0 Paper vs this run", "6 The tf.data service")
 
 
 @output("fig03_queue_occupancy", FIG, ALONE)
@@ -409,6 +450,26 @@ def _table5(ins: Inputs, stem: str) -> None:
 @output("fig14_power_over_time", FIG, ENERGY)
 def _fig14(ins: Inputs, stem: str) -> None:
     power_figure(ins.df, ins.idle, stem)
+
+
+@output("peer_tfdata_service", FIG + TAB, PEER)
+def _peer(ins: Inputs, stem: str) -> None:
+    t = ins.tables["peer"]
+    peer_figure(t, stem)
+    write_table(t, stem, "enspipe's schemes and the tf.data service at the same n and core limit (peak cells, medians "
+                "over repeats): CPU-s per delivered image (own processes; node), images/s per member (min, max), "
+                "CPU reduction vs the baseline, fewest distinct samples in an epoch-length window, samples "
+                "skipped. " + provenance(t))
+
+
+@output("peer_lag", TAB, PEER)
+def _peer_lag(ins: Inputs, stem: str) -> None:
+    lag = ins.lag if ins.lag is not None else pd.DataFrame()
+    write_table(lag, stem, "One member's accelerator slower than the others' (--slow-member, emulated): enspipe keeps "
+                "its members in lockstep (every member at the slow one's pace, nothing skipped); the tf.data service "
+                "lets the others run ahead and the slow one skip what its cache no longer holds. Per member: images/s, "
+                "its share of the fastest member's, samples skipped, fewest distinct samples in an epoch-length window. "
+                + (provenance(lag) if len(lag) else ""))
 
 
 @output("paper_vs_run", TAB, PAPER)

@@ -38,10 +38,12 @@ def provenance(df: pd.DataFrame, machine: bool = True) -> str:
     """One line: accelerator kind, energy source (and machine) of the rows behind an output."""
     if df.empty:
         return "no data"
-    acc = "/".join(sorted(set(df["accelerator"].dropna().astype(str)))) or "none"
-    energy = "/".join(sorted(set(df["energy_source"].dropna().astype(str)))) or "none"
-    line = f"accelerator: {acc}; energy: {energy}"
-    return line + f"; machine: {'; '.join(sorted(set(df['machine'].dropna().astype(str))))}" if machine else line
+    def values(col, sep="/"):
+        return sep.join(sorted(set(df[col].dropna().astype(str)))) if col in df else ""
+
+    line = f"accelerator: {values('accelerator') or 'none'}"
+    line += f"; energy: {values('energy_source') or 'none'}" if "energy_source" in df else ""
+    return line + f"; machine: {values('machine', '; ')}" if machine and "machine" in df else line
 
 
 def scheme_order(label: str) -> tuple[int, str]:
@@ -188,13 +190,18 @@ def solo_vs_parallel(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- Section 6: sharing ---------------------------------------------------------------------------
+ENSPIPE_SCHEMES = tuple(k for k, kind in SCHEME_KINDS.items() if not kind.service)  # the paper's figures' schemes
+PEERS = tuple(k for k, kind in SCHEME_KINDS.items() if kind.service)  # measured beside them, in their own outputs
+
+
 def scheme_label(scheme: str, p) -> str:
     return f"{scheme} (P={int(p)})" if SCHEME_KINDS[scheme].takes_p else scheme
 
 
 def peak_cells(df: pd.DataFrame, limited: bool) -> pd.DataFrame:
     """Fig. 10a (full cores) or 10b (a core limit): peak(n) per scheme and P."""
-    d = df[(df["consumer"] == "peak") & ((df["cores"] != "all") if limited else (df["cores"] == "all"))].copy()
+    d = df[(df["consumer"] == "peak") & ((df["cores"] != "all") if limited else (df["cores"] == "all"))
+           & df["scheme"].isin(ENSPIPE_SCHEMES)].copy()
     d["scheme (P)"] = [scheme_label(s, p) for s, p in zip(d["scheme"], d["p"])]
     return d
 
@@ -205,7 +212,8 @@ def broadcast_cpu(df: pd.DataFrame) -> pd.DataFrame:
     processes' (``relative_process``)."""
     key = ["network", "consumer", "n", "cores"]
     values = ["node_cpu_seconds_per_image", "process_cpu_seconds_per_image"]
-    d = df[df["scheme"].isin([k for k, kind in SCHEME_KINDS.items() if kind.shared]) & (df["n"] > 1)]
+    d = df[df["scheme"].isin([k for k, kind in SCHEME_KINDS.items() if kind.shared and not kind.service])
+           & (df["n"] > 1)]
     g = d.groupby([*key, "scheme", "p"], as_index=False)[values].mean()
     ref = g[g["scheme"] == "all_shared"].set_index(key)[values].rename(columns=lambda c: "all_shared_" + c[:4])
     out = g[g["scheme"] != "all_shared"].join(ref, on=key).dropna(subset=["all_shared_node"])
@@ -331,3 +339,49 @@ def energy(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=cols)
     return out.sort_values(["scheme", "network"], key=lambda c: c.map(order) if c.name == "scheme" else c,
                            ignore_index=True)
+
+
+# -- the peer: the tf.data service beside enspipe's schemes ------------------------------------------
+PEER_VALUES = ("process_cpu_seconds_per_image", "node_cpu_seconds_per_image", "images_per_second_per_member")
+
+
+def peer_comparison(df: pd.DataFrame) -> pd.DataFrame:
+    """Every scheme beside the tf.data service at the same network, n > 1 and core limit (peak
+    cells): medians over repeats of CPU-s per delivered image (the cells' own processes', and the
+    node's) and images/s per member (with the repeats' min and max), the CPU reduction against
+    the baseline, and what the members saw (the fewest distinct samples in an epoch-length window,
+    samples skipped)."""
+    key = ["network", "n", "cores"]
+    d = df[(df["consumer"] == "peak") & (df["n"] > 1)]
+    with_peer = d[d["scheme"].isin(PEERS)][key].drop_duplicates()
+    d = d.merge(with_peer, on=key)
+    cols = [*key, "scheme", "p", "label", "repeats", *PEER_VALUES, "rate_min", "rate_max",
+            "reduction_vs_baseline", "distinct_min", "window_samples", "skipped_samples", "exactly_once",
+            "oversubscribed", "accelerator", "machine"]
+    if d.empty:
+        return _empty(*cols)
+    g = d.groupby([*key, "scheme", "p"], as_index=False).agg(
+        repeats=("cell", "size"), **{v: (v, "median") for v in PEER_VALUES},
+        rate_min=("images_per_second_per_member", "min"), rate_max=("images_per_second_per_member", "max"),
+        distinct_min=("distinct_min", "min"), window_samples=("window_samples", "max"),
+        skipped_samples=("skipped_samples", "sum"), exactly_once=("exactly_once", "first"),
+        oversubscribed=("oversubscribed", "max"), accelerator=("accelerator", "first"), machine=("machine", "first"))
+    base = g[g["scheme"] == "baseline"].set_index(key)["process_cpu_seconds_per_image"].rename("base")
+    g = g.join(base, on=key)
+    g["reduction_vs_baseline"] = g["base"] / g["process_cpu_seconds_per_image"]
+    g["label"] = [scheme_label(s, p) for s, p in zip(g["scheme"], g["p"])]
+    g["order"] = [scheme_order(label)[0] for label in g["label"]]
+    g = g.sort_values(["network", "cores", "n", "order", "p"], key=lambda c: c.astype(str) if c.name == "cores" else c)
+    return g[cols].reset_index(drop=True)
+
+
+def peer_verdict(t: pd.DataFrame) -> dict | None:
+    """Which is cheaper, the tf.data service or All-Shared, per (n, core limit) with both: the
+    CPU-s per delivered image of each (their own processes') and the ratio service / All-Shared."""
+    out = {}
+    for (net, n, cores), g in t.groupby(["network", "n", "cores"]):
+        a = g[g["scheme"] == "all_shared"]["process_cpu_seconds_per_image"]
+        for _, r in g[g["scheme"].isin(PEERS)].iterrows():
+            if len(a):
+                out[(net, n, cores, r["label"])] = (float(a.iloc[0]), float(r["process_cpu_seconds_per_image"]))
+    return out or None
