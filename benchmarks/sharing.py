@@ -3,7 +3,8 @@
     python benchmarks/sharing.py [--ns 1,2,4] [--steps 30] [--warmup 5] [--batch 32] [--size 224] [--repeats 3]
     .venv-horovod/bin/python benchmarks/sharing.py --transport horovod ...   (make horovod first)
 
-Runs every scheme (single/multi-broadcast with P = max(1, N // 2)) under ``mpiexec -n N`` with
+Runs every scheme (single/multi-broadcast with P = max(1, N // 2); ``tfdata_service``, the tf.data
+service peer, with one worker) under ``mpiexec -n N`` with
 ``--consumer peak`` on the embedded dataset, ``--repeats`` times, interleaved (every cell once per
 repeat), and prints two tables.
 
@@ -54,7 +55,7 @@ def cells(ns: list[int], schemes: list[str]) -> list[tuple[str, int, int | None]
     for n in ns:
         for scheme in schemes:
             kind = SCHEME_KINDS[scheme]
-            p = max(1, n // 2) if kind.takes_p else None
+            p = (1 if kind.service else max(1, n // 2)) if kind.takes_p else None  # the service: one worker
             if kind.takes_p and p > kind.p_max(n):
                 continue
             out.append((scheme, n, p))

@@ -153,5 +153,23 @@ def test_identical_work_finding():
 @pytest.mark.parametrize("f", findings.FINDINGS, ids=lambda f: f.judge.__name__)
 def test_no_data_is_not_a_verdict(f):
     empty = {k: pd.DataFrame(columns=["network", "n", "cores", "scheme"]) for k in
-             ("table1", "table2", "fig11", "fig12", "fig13", "table3", "table5")}
+             ("table1", "table2", "fig11", "fig12", "fig13", "table3", "table5", "peer")}
     assert findings.verdict(f, cells().iloc[0:0], empty)["holds"] == "no data"
+
+
+def test_peer_finding():
+    from enspipe.report import tables
+
+    def peer(shared_ms, service_ms):
+        rows = [{"cell": f"{s}{n}", "network": "alexnet_v2", "consumer": "peak", "n": n, "cores": "all", "rep": 0,
+                 "scheme": s, "p": 1 if s == "tfdata_service" else n, "accelerator": "none",
+                 "process_cpu_seconds_per_image": v / 1e3, "images_per_second_per_member": 100.0}
+                for n, (a, b) in zip((2, 4), zip(shared_ms, service_ms))
+                for s, v in (("baseline", 4.0), ("all_shared", a), ("tfdata_service", b))]
+        return {"peer": tables.peer_comparison(cells(*rows))}
+
+    assert holds(findings.peer_finding, **peer((2.0, 1.0), (2.5, 1.2))) == YES
+    assert holds(findings.peer_finding, **peer((3.0, 1.6), (2.0, 1.0))) == NO
+    assert holds(findings.peer_finding, **peer((2.0, 1.6), (2.5, 1.0))) == "partly"
+    t = peer((2.0, 1.0), (2.5, 1.2))["peer"]
+    assert t["reduction_vs_baseline"].round(2).tolist() == [1.0, 2.0, 1.6, 1.0, 4.0, 3.33]
