@@ -4,7 +4,7 @@
     .venv-horovod/bin/python benchmarks/sharing.py --transport horovod ...   (make horovod first)
 
 Runs every scheme (single/multi-broadcast with P = max(1, N // 2); ``tfdata_service``, the tf.data
-service peer, with one worker) under ``mpiexec -n N`` with
+service peer, with one worker and with N) under ``mpiexec -n N`` with
 ``--consumer peak`` on the embedded dataset, ``--repeats`` times, interleaved (every cell once per
 repeat), and prints two tables.
 
@@ -55,7 +55,10 @@ def cells(ns: list[int], schemes: list[str]) -> list[tuple[str, int, int | None]
     for n in ns:
         for scheme in schemes:
             kind = SCHEME_KINDS[scheme]
-            p = (1 if kind.service else max(1, n // 2)) if kind.takes_p else None  # the service: one worker
+            if kind.service:  # the peer: one worker, and one per member (All-Shared's cores)
+                out += [(scheme, n, p) for p in sorted({1, n})]
+                continue
+            p = max(1, n // 2) if kind.takes_p else None
             if kind.takes_p and p > kind.p_max(n):
                 continue
             out.append((scheme, n, p))
