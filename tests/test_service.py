@@ -49,11 +49,12 @@ def test_several_workers_each_stream_the_whole_dataset(dataset, tmp_path):
 
 @pytest.mark.mpi
 def test_a_lagging_member_skips_on_a_small_cache(dataset, tmp_path):
-    """A member 4x slower than the others on a ~10-element cache: the service lets the others run
-    ahead and drops elements for it. What it skipped are whole elements (batches) of the one
+    """A member 20x slower than the others on a ~10-element cache: the service lets the others run
+    ahead and drops elements for it (slow enough that the fast member outruns it even when the
+    worker's production, not the fast member's accelerator, sets the fast pace). What it skipped are whole elements (batches) of the one
     stream, all of which the fast member received, in the same order."""
     s = _run(dataset, tmp_path, 2, "--scheme", "tfdata_service", "--preprocessors", "1", *COMMON,
-             "--consumer", "emulated", "--rate", "800", "--slow-member", "1:4", "--tfdata-cache-mb", "1",
+             "--consumer", "emulated", "--rate", "800", "--slow-member", "1:20", "--tfdata-cache-mb", "1",
              "--steps", "40")
     fast, slow = s["ranks"]
     assert fast["delivery"]["skipped_samples"] == 0
@@ -62,7 +63,7 @@ def test_a_lagging_member_skips_on_a_small_cache(dataset, tmp_path):
     f, sl = step_values(tmp_path, 0, "batch_checksum"), step_values(tmp_path, 1, "batch_checksum")
     at = {c: i for i, c in enumerate(f)}
     seen = [at[c] for c in sl if c in at]  # the slow member's batches the fast one also got (it stops first)
-    assert seen == sorted(seen) and len(seen) >= 5
+    assert seen == sorted(seen) and len(seen) >= 3
     gaps = sum(b - a - 1 for a, b in zip(seen, seen[1:]))  # counted from the fast member's stream
     assert 0 < gaps * 8 <= slow["delivery"]["skipped_samples"]
 
