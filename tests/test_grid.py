@@ -90,11 +90,13 @@ def test_accelerator_rate_relative_or_absolute(tmp_path):
     paths = {}
     for (net, cores), rp in {("alexnet_v2", "all"): 200.0, ("alexnet_v2", "1"): 120.0}.items():
         p = tmp_path / f"{net}-{cores}.json"
-        p.write_text(json.dumps({"images_per_second_per_member": rp, "machine": {"cpus": 2}}))
+        p.write_text(json.dumps({"images_per_second_per_member": rp, "machine": {"cpus": 2},
+                                 "ranks": [{"cpu_seconds_per_image": 1.0 / rp}]}))
         paths[(net, cores)] = str(p)
     r = rates(cfg, paths)
     assert r["networks"]["alexnet_v2"]["rc"] == pytest.approx(260.0)
     assert r["networks"]["alexnet_v2"]["rp"] == {"1": 120.0, "all": 200.0}
+    assert r["networks"]["alexnet_v2"]["rp_cpu"] == {"1": 1 / 120.0, "all": 1 / 200.0}  # the cost model's input
     assert "rc_ratio 1.3" in r["networks"]["alexnet_v2"]["rc_source"]
     assert r["networks"]["vgg_a"]["rc"] == 35.4 and "configured" in r["networks"]["vgg_a"]["rc_source"]
 

@@ -1,4 +1,4 @@
-"""``enspipe`` command line: make-dataset, convert, index, stage, run, calibrate-rc, idle-power.
+"""``enspipe`` command line: make-dataset, convert, index, stage, run, calibrate-rc, calibrate-comm, idle-power, plan.
 
 Each subcommand is one entry of :data:`COMMANDS`: its help, the function that declares its
 arguments and the function that runs it. Arguments are validated before any MPI or TensorFlow
@@ -160,6 +160,77 @@ def _calibrate_rc(a: argparse.Namespace, fail: Fail) -> int:
     return 0
 
 
+def _calibrate_comm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="the JSON file to write (comm.json, beside rates.json)")
+    p.add_argument("--max-mb", type=positive_int, default=32, help="the largest payload timed, MiB")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per payload (the median counts)")
+    p.add_argument("--inter-node-gbps", type=float, default=None,
+                   help="the inter-node bandwidth in Gb/s for multi-node predictions (one node cannot measure it; "
+                        "default: 100, InfiniBand EDR)")
+
+
+def _calibrate_comm(a: argparse.Namespace, fail: Fail) -> int:
+    if a.max_mb < 1 or a.repeats < 1:
+        fail("--max-mb and --repeats: need at least 1 MiB and 1 repeat")
+    if a.inter_node_gbps is not None and not a.inter_node_gbps > 0:
+        fail(f"--inter-node-gbps: must be > 0, got {a.inter_node_gbps}; pass e.g. 100")
+    from mpi4py import MPI
+
+    from enspipe.common.atomic import write_json_atomic
+    from enspipe.exchange.calibrate import measure_collectives
+    from enspipe.plan.model import fit_comm
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() < 2:
+        fail("needs at least 2 ranks: run it under mpiexec -n 2 (or more)")
+    measured = measure_collectives(comm, a.max_mb << 20, a.repeats)
+    if comm.Get_rank() == 0:
+        costs = fit_comm(measured, a.inter_node_gbps * 1e9 / 8 if a.inter_node_gbps else None)
+        write_json_atomic(a.out, costs.as_dict() | {"measured": measured})
+        _say(f"alpha {costs.alpha * 1e6:.1f} us, MPI {costs.bandwidth / 1e9:.2f} GB/s, copy "
+             f"{costs.copy_bandwidth / 1e9:.2f} GB/s, node sync {costs.alpha_node * 1e6:.1f} us -> {a.out}")
+    return 0
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from enspipe.models.networks import NETWORKS
+    from enspipe.plan.config import WIRE_DTYPES, numbers
+
+    p.add_argument("--n", type=positive_int, required=True, help="ensemble members")
+    p.add_argument("--network", choices=list(NETWORKS), default=None,
+                   help="read its rp (and rc) from --rates; its batch size is the default")
+    p.add_argument("--rates", default=None, help="the calibration's rates.json (rp per core count, rc)")
+    p.add_argument("--rp", default=None, metavar="CORES:RATE[,...]",
+                   help="one member's preprocessing images/s by cores instead of --rates, e.g. 1:90,2:170")
+    p.add_argument("--rc", type=float, default=None,
+                   help="the accelerator's images/s per member (default: the network's in --rates; none: peak)")
+    p.add_argument("--peak", action="store_true", help="no accelerator: predict peak throughput")
+    p.add_argument("--comm", default=None, help="calibrate-comm's comm.json (default: assumed costs, labelled)")
+    p.add_argument("--nodes", type=positive_int, default=1)
+    p.add_argument("--cores-per-node", type=positive_int, default=None, help="default: this machine's")
+    p.add_argument("--accelerators-per-node", type=positive_int, default=None,
+                   help="members beyond these on a node share an accelerator (default: one each)")
+    p.add_argument("--core-limit", type=float, default=None, help="cores per member (default: the node's, shared)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="default: the network's")
+    p.add_argument("--image-size", type=positive_int, default=224)
+    p.add_argument("--wire-dtype", choices=list(WIRE_DTYPES), default="float32")
+    p.add_argument("--schemes", default=None, help="comma list (default: every modelled scheme)")
+    p.add_argument("--p", type=numbers, default=None, metavar="P[,P...]",
+                   help="the P values to consider (default: every valid one)")
+    p.add_argument("--top", type=positive_int, default=10, help="rows to print")
+    p.add_argument("--json", action="store_true", help="print the ranked predictions as JSON")
+
+
+def _plan(a: argparse.Namespace, fail: Fail) -> int:
+    from enspipe.plan.planner import PlanRequest, run_plan
+
+    try:
+        request = PlanRequest.from_args(a)
+    except ConfigError as e:
+        fail(str(e))
+    return run_plan(request, as_json=a.json, top=a.top)
+
+
 def _idle_power_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the idle-power JSON file to write")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to sample (keep the node idle)")
@@ -189,8 +260,12 @@ COMMANDS: dict[str, Command] = {
                    show_defaults=True),
     "calibrate-rc": Command("measure the accelerator's training rate rc on a fixed batch", _calibrate_rc_args,
                             _calibrate_rc, show_defaults=True),
+    "calibrate-comm": Command("time this machine's collectives and fit the cost model's latency and bandwidth "
+                              "(use mpiexec -n N, N >= 2)", _calibrate_comm_args, _calibrate_comm, show_defaults=True),
     "idle-power": Command("measure this node's idle power and store it for energy above idle", _idle_power_args,
                           _idle_power, show_defaults=True),
+    "plan": Command("rank the schemes and P for an ensemble from measured costs (the cost model)", _plan_args,
+                    _plan, show_defaults=True),
 }
 
 

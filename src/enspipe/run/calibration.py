@@ -14,11 +14,15 @@ def rates(config: dict, summaries: dict[tuple[str, str], str], measured_rc: dict
     (:func:`accelerator_rate`); cells read it from here (``enspipe run --rate-from``)."""
     out: dict = {"networks": {}, "method": "peak images/s of one baseline member (n = 1, consumer peak)"}
     rp: dict[str, dict[str, float]] = {}
+    rp_cpu: dict[str, dict[str, float]] = {}  # CPU-s per preprocessed image: the cost model's input
     machine = None
     for (network, cores), path in sorted(summaries.items()):
         with open(path) as f:
             s = json.load(f)
         rp.setdefault(network, {})[cores] = s["images_per_second_per_member"]
+        per_image = [r.get("cpu_seconds_per_image") for r in s.get("ranks", [])]
+        if per_image and per_image[0] is not None:
+            rp_cpu.setdefault(network, {})[cores] = per_image[0]
         machine = machine or s.get("machine")
     for network in config["networks"]:
         full = rp.get(network, {}).get("all")
@@ -30,7 +34,8 @@ def rates(config: dict, summaries: dict[tuple[str, str], str], measured_rc: dict
             rc, source = accelerator_rate(config, network, full, measured)
         except ValueError:
             rc, source = None, "not calibrated (no cell needs it)"
-        out["networks"][network] = {"rp": rp.get(network, {}), "rc": rc, "rc_source": source,
+        out["networks"][network] = {"rp": rp.get(network, {}), "rp_cpu": rp_cpu.get(network, {}),
+                                    "rc": rc, "rc_source": source,
                                     "rc_over_rp": rc / full if rc and full else None}
     out["machine"] = machine
     return out

@@ -1,0 +1,300 @@
+"""The cost model: every scheme's delivered rate and CPU per image, predicted from measured costs.
+
+One member's pipeline is a chain of overlapped stages (read and preprocess, exchange, consumer),
+so in the steady state a member delivers batches at the pace of its slowest stage. Per global
+batch of ``B`` images of ``m`` bytes in all (``B x size^2 x 3`` x 4 bytes on a float32 wire, x 1 on
+uint8), with ``c`` cores per preprocessor (its core limit, or its share of the node's cores where the
+node's preprocessing members outnumber them: ``c = min(limit, cores_per_node / preprocessors_per_node)``;
+a member that only consumes uses next to no CPU):
+
+* **preprocessing**: a preprocessor with a share of ``b`` images needs ``b / rp(c)`` seconds,
+  ``rp(c)`` one member's measured preprocessing rate (calibration; linear in the cores between and
+  below the measured core counts, through the origin);
+* **exchange** (the scheme's collective steps, one after the other in the exchange thread):
+
+  - within one node, through node-shared memory (enspipe's default): each contributor copies its
+    block once, ``T = alpha_node + (m / p) / copy_bw``; nothing is copied to read;
+  - an all-gather among ``p`` ranks over MPI (MPICH's ring for large messages):
+    ``T = (p - 1) alpha + (p - 1) / p x m / bw``;
+  - a broadcast of ``m`` bytes to ``p`` ranks (MPICH's scatter + ring all-gather for large
+    messages): ``T = (log2 p + p - 1) alpha + 2 (p - 1) / p x m / bw``;
+  - concurrent block broadcasts (Multi-Broadcast): the ``P`` broadcasts of ``m / P`` bytes share
+    the links, ``T = sum`` of the ``P`` broadcasts;
+
+  ``bw`` is the inter-node bandwidth where a collective crosses nodes, else the measured
+  intra-node MPI bandwidth; ``alpha``/``bw``/``copy_bw`` come from ``enspipe calibrate-comm``
+  (:class:`CommCosts`);
+* **accelerator**: ``B / rc`` (none for the peak consumer).
+
+A member's CPU also runs its exchange's copies, so the preprocessing stage of a member that
+exchanges competes with them: its time is ``b / rp(c) + cpu_x / c``. The delivered rate is
+``B / max(t_prep, t_exchange, B / rc)``; ``rate <= min(rc, max over members of rp share)``
+by construction. CPU per delivered image per member: the preprocessing CPU of one batch
+(``B x cpu(c)``, ``cpu(c)`` one member's measured CPU-s per image) shared by the ``n`` members
+that consume it (the baseline: not shared), plus the mean exchange CPU per image (the copies:
+bytes a member copies / ``copy_bw``). Sharing can therefore never predict below ``1/n`` of the
+baseline's CPU per image. The tf.data service is not modelled (its gRPC path has not been
+fitted): :func:`predict` says so rather than guess.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from enspipe.plan.errors import ConfigError, require
+from enspipe.plan.schemes import SCHEME_KINDS, BlockBroadcasts, Broadcast, Gather, make_scheme
+
+
+@dataclass(frozen=True)
+class CommCosts:
+    """Fitted collective costs (``enspipe calibrate-comm``), all in seconds and bytes/s.
+
+    Attributes:
+      alpha: latency of one MPI message step between ranks (s).
+      bandwidth: intra-node MPI bandwidth (bytes/s) of the collectives' payload.
+      copy_bandwidth: one core's memory copy bandwidth (bytes/s): node-shared-memory blocks.
+      alpha_node: a node-shared-memory exchange's synchronisation (s).
+      inter_node_bandwidth: bytes/s between nodes (a parameter where only one node was measured).
+      source: where the numbers came from (a file, or ``assumed``).
+    """
+
+    alpha: float = 20e-6
+    bandwidth: float = 4e9
+    copy_bandwidth: float = 6e9
+    alpha_node: float = 20e-6
+    inter_node_bandwidth: float = 12.5e9  # 100 Gb/s (InfiniBand EDR), a parameter: one node cannot measure it
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "alpha_node"):
+            require(getattr(self, name) >= 0 and math.isfinite(getattr(self, name)), name,
+                    f"must be a finite latency >= 0 s, got {getattr(self, name)}", "refit with enspipe calibrate-comm")
+        for name in ("bandwidth", "copy_bandwidth", "inter_node_bandwidth"):
+            require(getattr(self, name) > 0 and math.isfinite(getattr(self, name)), name,
+                    f"must be a finite bandwidth > 0 bytes/s, got {getattr(self, name)}",
+                    "refit with enspipe calibrate-comm")
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "") -> "CommCosts":
+        keys = ("alpha", "bandwidth", "copy_bandwidth", "alpha_node", "inter_node_bandwidth")
+        return cls(**{k: float(d[k]) for k in keys if k in d}, source=source or d.get("source", "file"))
+
+    def as_dict(self) -> dict:
+        return {"alpha": self.alpha, "bandwidth": self.bandwidth, "copy_bandwidth": self.copy_bandwidth,
+                "alpha_node": self.alpha_node, "inter_node_bandwidth": self.inter_node_bandwidth,
+                "source": self.source}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The inputs of a prediction that describe the cluster and the ensemble's placement.
+
+    Attributes:
+      rp: one member's preprocessing images/s by cores (``{1: 90.0, 2: 170.0}``), measured.
+      cpu_per_image: one member's CPU-s per preprocessed image by cores (None: ``cores / rp``).
+      rc: the accelerator's images/s per member (None: no accelerator, the peak consumer).
+      nodes: nodes the n members spread over, evenly (members ``[k*n/nodes, (k+1)*n/nodes)`` on node k).
+      cores_per_node: cores of one node.
+      core_limit: cores per member (None: the node's cores shared by its members).
+      accelerators_per_node: members on a node beyond these share an accelerator (None: one each).
+      comm: the collective costs.
+    """
+
+    rp: dict
+    rc: float | None
+    cores_per_node: int
+    nodes: int = 1
+    core_limit: float | None = None
+    cpu_per_image: dict | None = None
+    accelerators_per_node: int | None = None
+    comm: CommCosts = field(default_factory=CommCosts)
+
+    def __post_init__(self) -> None:
+        require(bool(self.rp) and all(float(c) > 0 and v > 0 for c, v in self.rp.items()), "rp",
+                f"needs one member's measured preprocessing rate at one or more core counts, got {self.rp}",
+                "calibrate first (results/calibration/rates.json) or pass --rp CORES:RATE")
+        require(self.rc is None or (self.rc > 0 and math.isfinite(self.rc)), "rc", f"must be > 0, got {self.rc}",
+                "pass the accelerator's images/s, or leave it out for peak throughput")
+        require(self.cores_per_node >= 1, "cores_per_node", f"must be >= 1, got {self.cores_per_node}",
+                "pass the cores of one node")
+        require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}", "pass the number of nodes")
+        require(self.core_limit is None or self.core_limit > 0, "core_limit",
+                f"must be > 0, got {self.core_limit}", "pass cores per member, or leave it out")
+        require(self.accelerators_per_node is None or self.accelerators_per_node >= 1, "accelerators_per_node",
+                f"must be >= 1, got {self.accelerators_per_node}", "pass the accelerators of one node")
+
+    def rate_at(self, cores: float) -> float:
+        """rp(cores): interpolated linearly between the measured core counts, through the origin
+        below the fewest, flat beyond the most (more cores than were measured buy nothing known)."""
+        pts = sorted((float(c), float(v)) for c, v in self.rp.items())
+        if cores <= pts[0][0]:
+            return pts[0][1] * cores / pts[0][0]
+        for (c0, v0), (c1, v1) in zip(pts, pts[1:]):
+            if cores <= c1:
+                return v0 + (v1 - v0) * (cores - c0) / (c1 - c0)
+        return pts[-1][1]
+
+    def cpu_at(self, cores: float) -> float:
+        """CPU-s per preprocessed image at ``cores``: measured (nearest measured core count), else cores / rp."""
+        if self.cpu_per_image:
+            c = min(self.cpu_per_image, key=lambda k: abs(float(k) - cores))
+            return float(self.cpu_per_image[c])
+        return min(cores, max(float(c) for c in self.rp)) / self.rate_at(cores)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    scheme: str
+    p: int
+    images_per_second: float        # per member
+    cpu_seconds_per_image: float    # per delivered image per member (the members' processes)
+    bound: str                      # preprocessing, exchange or accelerator
+    bottleneck: str                 # in words
+    stages: dict                    # seconds per batch: preprocess, exchange, accelerator
+    cores_per_member: float
+    oversubscribed: bool
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _layout(n: int, nodes: int) -> tuple[tuple[int, ...], ...]:
+    bounds = [k * n // nodes for k in range(nodes + 1)]
+    return tuple(tuple(range(bounds[k], bounds[k + 1])) for k in range(nodes) if bounds[k + 1] > bounds[k])
+
+
+def _spans_nodes(group, node_of) -> bool:
+    return len({node_of[r] for r in group}) > 1
+
+
+def _gather_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool) -> float:
+    if p <= 1:
+        return 0.0
+    if shm:
+        return comm.alpha_node + (m / p) / comm.copy_bandwidth
+    return (p - 1) * comm.alpha + (p - 1) / p * m / bw
+
+
+def _bcast_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool) -> float:
+    if p <= 1:
+        return 0.0
+    if shm:
+        return comm.alpha_node + m / comm.copy_bandwidth  # the root's one copy in
+    return (math.log2(p) + p - 1) * comm.alpha + 2 * (p - 1) / p * m / bw
+
+
+def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int, machine: Machine,
+            wire_dtype: str = "float32", node_shm: bool = True) -> Prediction:
+    """The predicted steady state of one cell (see the module's formulas); raises
+    :class:`ConfigError` for a combination the scheme does not allow, or the tf.data service."""
+    kind = SCHEME_KINDS.get(scheme_name)
+    if kind is not None and kind.service:
+        raise ConfigError("scheme", f"{scheme_name} is not modelled (its gRPC path has not been fitted)",
+                          "choose one of enspipe's schemes")
+    nodes = _layout(n, min(machine.nodes, n))
+    scheme = make_scheme(scheme_name, n, p, batch, nodes)
+    node_of = {r: k for k, node in enumerate(nodes) for r in node}
+    per_node = max(len(node) for node in nodes)
+    # a node's cores are shared by the members that preprocess on it (a consumer that only
+    # waits for batches, or an emulated accelerator, uses next to none)
+    busy = max(sum(1 for r in node if r in scheme.preprocessors) for node in nodes)
+    cores = min(machine.core_limit or machine.cores_per_node, machine.cores_per_node / max(1, busy))
+    oversubscribed = per_node * (machine.core_limit or 1) > machine.cores_per_node or \
+        machine.cores_per_node / per_node < 1
+    image_bytes = image_size * image_size * 3 * (1 if wire_dtype == "uint8" else 4)
+    m = batch * image_bytes
+    comm = machine.comm
+    # exchange: the steps in order, each over MPI across nodes or node-shared memory within one
+    t_x, copied = 0.0, {r: 0.0 for r in range(n)}  # seconds per batch; bytes each member copies
+    for step, blocks in zip(scheme.steps, scheme.block_counts(batch)):
+        across = _spans_nodes(step.group, node_of)
+        shm = node_shm and not across
+        bw = machine.comm.inter_node_bandwidth if across else comm.bandwidth
+        size = len(step.group)
+        if isinstance(step, Gather):
+            t_x += _gather_time(size, sum(blocks) * image_bytes, comm, bw, shm)
+            for r, b in zip(step.group, blocks):
+                copied[r] += b * image_bytes if shm else sum(blocks) * image_bytes
+        elif isinstance(step, Broadcast):
+            t_x += _bcast_time(size, blocks * image_bytes, comm, bw, shm)
+            for r in step.group:
+                copied[r] += blocks * image_bytes if (r == step.root or not shm) else 0.0
+        elif isinstance(step, BlockBroadcasts):
+            for root in step.roots:
+                b = blocks[step.group.index(root)] * image_bytes
+                t_x += _bcast_time(size, b, comm, bw, shm)
+                for r in step.group:
+                    copied[r] += b if (r == root or not shm) else 0.0
+    cpu_x = {r: copied[r] / comm.copy_bandwidth for r in range(n)}
+    rp = machine.rate_at(cores)
+    shares = {r: scheme.share(r, batch) for r in range(n)}
+    t_prep = max((hi - lo) / rp + cpu_x[r] / cores for r, (lo, hi) in shares.items() if hi > lo)
+    rc = machine.rc
+    if rc is not None and machine.accelerators_per_node is not None and per_node > machine.accelerators_per_node:
+        rc = rc * machine.accelerators_per_node / per_node  # members share the node's accelerators
+    t_acc = batch / rc if rc else 0.0
+    stages = {"preprocess": t_prep, "exchange": t_x, "accelerator": t_acc}
+    bound = max(stages, key=stages.get)
+    rate = batch / stages[bound]
+    cpu_img = machine.cpu_at(cores)
+    made = sum(hi - lo for lo, hi in shares.values())  # images preprocessed per batch, all members
+    consumers = n if scheme.shared else 1
+    cpu = cpu_img * (made / batch if scheme.shared else 1.0) / consumers + \
+        sum(cpu_x.values()) / n / batch
+    why = {
+        "preprocess": (f"preprocessing: {max(hi - lo for lo, hi in shares.values())} images per batch per "
+                       f"preprocessor at {rp:.0f} images/s on {cores:.3g} cores"),
+        "exchange": f"exchange: {t_x * 1e3:.1f} ms per batch of {m / 1e6:.1f} MB ({len(scheme.steps)} collective steps)",
+        "accelerator": f"accelerator: {rc:.0f} images/s per member" if rc else "accelerator",
+    }[bound]
+    return Prediction(scheme.name, scheme.p, rate, cpu, {"preprocess": "preprocessing", "exchange": "exchange",
+                                                         "accelerator": "accelerator"}[bound],
+                      why, stages, cores, oversubscribed)
+
+
+def plan(n: int, batch: int, image_size: int, machine: Machine, wire_dtype: str = "float32",
+         schemes: tuple[str, ...] | None = None, node_shm: bool = True) -> list[Prediction]:
+    """Every allowed (scheme, P) for n members, ranked: fastest per member first, then the least
+    CPU per image (the planner's choice is the first)."""
+    out = []
+    for name, kind in SCHEME_KINDS.items():
+        if kind.service or (schemes and name not in schemes):
+            continue
+        ps = range(1, kind.p_max(n) + 1) if kind.takes_p else [None]
+        for p in ps:
+            try:
+                out.append(predict(name, n, p, batch, image_size, machine, wire_dtype, node_shm))
+            except ConfigError:
+                continue
+    return sorted(out, key=lambda x: (-round(x.images_per_second, 6), x.cpu_seconds_per_image))
+
+
+def fit_comm(measured: dict, inter_node_bandwidth: float | None = None, source: str = "") -> CommCosts:
+    """Latency and bandwidth from :func:`enspipe.exchange.calibrate.measure_collectives`' table:
+    a least-squares fit of the module's all-gather and broadcast formulas together (one alpha, one
+    bandwidth; the ranks' own, intra-node MPI), the barrier as the node-shared-memory
+    synchronisation, and the copy's bandwidth. One node cannot measure the inter-node bandwidth:
+    it is the parameter given (or the default's)."""
+    import numpy as np
+
+    p = int(measured["ranks"])
+    if p < 2:
+        raise ValueError("a fit needs timings from at least 2 ranks")
+    rows, times = [], []
+    for r in measured["rows"]:
+        m = float(r["bytes"])
+        rows.append([p - 1, (p - 1) / p * m])
+        times.append(r["allgather_s"])
+        rows.append([math.log2(p) + p - 1, 2 * (p - 1) / p * m])
+        times.append(r["bcast_s"])
+    (alpha, inv_bw), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
+    if inv_bw <= 0:  # the payloads were too small to show a bandwidth: fit the largest alone
+        big = max(measured["rows"], key=lambda r: r["bytes"])
+        inv_bw = big["allgather_s"] / ((p - 1) / p * big["bytes"])
+        alpha = 0.0
+    defaults = CommCosts()
+    return CommCosts(alpha=max(0.0, float(alpha)), bandwidth=1.0 / float(inv_bw),
+                     copy_bandwidth=measured["copy_bytes"] / measured["copy_s"],
+                     alpha_node=float(measured["barrier_s"]),
+                     inter_node_bandwidth=inter_node_bandwidth or defaults.inter_node_bandwidth,
+                     source=source or f"fitted on {', '.join(measured['hosts'])} ({p} ranks)")
