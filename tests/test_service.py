@@ -37,14 +37,17 @@ def test_one_worker_delivers_all_shareds_batches(dataset, tmp_path):
 
 @pytest.mark.mpi
 def test_several_workers_each_stream_the_whole_dataset(dataset, tmp_path):
-    """ShardingPolicy.OFF: each of P workers streams the whole dataset in its own order, and every
-    member reads from all of them; the delivery counter sees it (and all_shared's does not)."""
-    s = _run(dataset, tmp_path, 4, "--scheme", "tfdata_service", "--preprocessors", "2", *COMMON, "--steps", "20")
+    """ShardingPolicy.OFF: each of P workers streams the whole dataset in its own order, and the
+    members read from all of them (a client learns of a worker's task at its next heartbeat to the
+    dispatcher, so a member may start on one); the delivery counter sees it."""
+    s = _run(dataset, tmp_path, 4, "--scheme", "tfdata_service", "--preprocessors", "2", *COMMON, "--steps", "30")
     assert [r["role"] for r in s["ranks"]] == ["dispatcher+worker", "worker", "trainer", "trainer"]
-    assert all(r["delivery"]["streams"] == 2 for r in s["ranks"])
-    assert all(r["images"] == 160 for r in s["ranks"])
-    # two independent orders: an epoch's length of deliveries cannot hold every sample once
-    assert s["delivery"]["distinct_min"] < 50
+    assert all(r["images"] == 240 for r in s["ranks"])
+    assert all(1 <= r["delivery"]["streams"] <= 2 for r in s["ranks"])
+    both = [r for r in s["ranks"] if r["delivery"]["streams"] == 2]
+    assert both, [r["delivery"] for r in s["ranks"]]
+    # two independent orders: an epoch's length of deliveries that mixes them misses samples
+    assert min(r["delivery"]["distinct_min"] for r in both) < 50
 
 
 @pytest.mark.mpi
