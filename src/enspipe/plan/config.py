@@ -192,7 +192,7 @@ class RunConfig:
                      f"{self.consumer}", "pass --consumer emulated --rate R, or leave --slow-member out")
             _require(rank >= 0 and math.isfinite(factor) and factor >= 1, "slow_member",
                      f"needs RANK >= 0 and FACTOR >= 1, got {rank}:{factor}", "pass e.g. --slow-member 1:3")
-        service = SCHEME_KINDS[self.scheme].service if self.scheme in SCHEME_KINDS else False
+        service = SCHEME_KINDS[self.scheme].service  # a known scheme: its choices were checked above
         for name in SERVICE_OPTIONS:
             _require(service or getattr(self, name) == default(name), name, f"is for --scheme tfdata_service, "
                      f"not {self.scheme}", f"leave --{name.replace('_', '-')} out, or pass --scheme tfdata_service")

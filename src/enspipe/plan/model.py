@@ -209,7 +209,7 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
     for step, blocks in zip(scheme.steps, scheme.block_counts(batch)):
         across = _spans_nodes(step.group, node_of)
         shm = node_shm and not across
-        bw = machine.comm.inter_node_bandwidth if across else comm.bandwidth
+        bw = comm.inter_node_bandwidth if across else comm.bandwidth
         size = len(step.group)
         if isinstance(step, Gather):
             t_x += _gather_time(size, sum(blocks) * image_bytes, comm, bw, shm)
@@ -238,9 +238,7 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
     rate = batch / stages[bound]
     cpu_img = machine.cpu_at(cores)
     made = sum(hi - lo for lo, hi in shares.values())  # images preprocessed per batch, all members
-    consumers = n if scheme.shared else 1
-    cpu = cpu_img * (made / batch if scheme.shared else 1.0) / consumers + \
-        sum(cpu_x.values()) / n / batch
+    cpu = cpu_img * made / (batch * n) + sum(cpu_x.values()) / (batch * n)  # per image delivered to each of n
     why = {
         "preprocess": (f"preprocessing: {max(hi - lo for lo, hi in shares.values())} images per batch per "
                        f"preprocessor at {rp:.0f} images/s on {cores:.3g} cores"),

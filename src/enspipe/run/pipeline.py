@@ -87,6 +87,17 @@ def occupancy_stats(samples: list[tuple], names: tuple[str, ...], depth: int, t0
             for i, q in enumerate(names)} | {"samples": len(rows), "capacity_batches": depth}
 
 
+def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put ``item`` on the bounded queue ``q``, waiting while it is full; False if ``stop`` came first."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 class Pipeline:
     def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
                  preprocessing: str, image_size: int, threads: int, order_seed: int, prep_seed: int,
@@ -126,13 +137,8 @@ class Pipeline:
         return opts
 
     def _put(self, name: str, item) -> None:
-        while not self.stop.is_set():
-            try:
-                self.queues[name].put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        raise _Stopped
+        if not put_until_stopped(self.queues[name], item, self.stop):
+            raise _Stopped
 
     def _get(self, name: str):
         while True:

@@ -37,7 +37,7 @@ from enspipe.data.shards import load_samples, sample_stream
 from enspipe.exchange.base import Batch, TransportStats, wait_quietly
 from enspipe.measure.stages import StageClock
 from enspipe.measure.threadcpu import set_thread_name
-from enspipe.run.pipeline import PipelineFailed, element_fn, occupancy_stats
+from enspipe.run.pipeline import PipelineFailed, element_fn, occupancy_stats, put_until_stopped
 
 JOB = "enspipe"
 QUEUES = ("compute",)  # the only queue on this side: the service's elements, waiting for the consumer
@@ -178,12 +178,7 @@ class ServicePipeline:
                 stats.collective_cpu_seconds += time.thread_time() - c
                 stats.collectives += 1
                 stats.bytes_received += batch.nbytes
-                while not self.stop.is_set():
-                    try:
-                        self.queues["compute"].put(batch, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
+                put_until_stopped(self.queues["compute"], batch, self.stop)
         except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
             if not self.stop.is_set():
                 self.failure = ("service client", e)
