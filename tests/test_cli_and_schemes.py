@@ -5,7 +5,7 @@ import pytest
 from conftest import enspipe, summary
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.config import RunConfig
-from enspipe.plan.schemes import SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups
 
 
 @pytest.mark.parametrize("args, option", [
@@ -119,7 +119,7 @@ def test_every_surface_reads_the_scheme_registry():
     from enspipe.cli import build_parser
     from enspipe.plan.config import SCHEMES
 
-    names = list(SCHEME_KINDS)
+    names = list(SCHEME_KINDS) + [AUTO]  # the registry's schemes, and the planner's choice
     assert list(SCHEMES) == names
     run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "scheme")
     assert list(run.choices) == names

@@ -173,3 +173,53 @@ def test_peer_finding():
     assert holds(findings.peer_finding, **peer((2.0, 1.6), (2.5, 1.0))) == "partly"
     t = peer((2.0, 1.0), (2.5, 1.2))["peer"]
     assert t["reduction_vs_baseline"].round(2).tolist() == [1.0, 2.0, 1.6, 1.0, 4.0, 3.33]
+
+
+def test_prediction_finding():
+    from enspipe.report import predicted
+
+    rates = {"machine": {"cpus": 2}, "networks": {"alexnet_v2": {"rp": {"1": 500.0, "all": 900.0},
+                                                                 "rp_cpu": {"1": 0.002, "all": 0.0022}}}}
+
+    def table(rate_off, cpu_off):  # cells measured off the model's prediction by these factors
+        rows = []
+        for scheme, n in (("baseline", 2), ("all_shared", 2), ("all_shared", 4)):
+            row = {"cell": f"{scheme}{n}", "network": "alexnet_v2", "scheme": scheme, "n": n, "p": n, "cores": "1",
+                   "consumer": "peak", "rep": 0, "batch_size": 64, "image_size": 224, "wire_dtype": "float32",
+                   "host_cpus": 2, "members_per_host": n, "rate": None,
+                   "images_per_second_per_member": 1.0, "process_cpu_seconds_per_image": 1.0}
+            t = predicted.versus_measured(cells(row), rates, None).iloc[0]
+            off = (rate_off if scheme == "all_shared" else 1.0, cpu_off if scheme == "all_shared" else 1.0)
+            rows.append(row | {"images_per_second_per_member": t["predicted_rate"] * off[0],
+                               "process_cpu_seconds_per_image": t["predicted_cpu"] * off[1]})
+        rows.append(rows[0] | {"cell": "svc", "scheme": "tfdata_service", "p": 1})  # listed, not predicted
+        return {"prediction": predicted.versus_measured(cells(*rows), rates, None)}
+
+    assert holds(findings.prediction_finding, **table(1.05, 0.95)) == YES
+    assert holds(findings.prediction_finding, **table(1.5, 1.0)) == "partly"  # All-Shared's rate off by 33%
+    t = table(1.0, 2.0)["prediction"]
+    assert t.loc[t["scheme"] == "all_shared", "cpu_error"].round(2).tolist() == [-0.5, -0.5]
+    assert t.loc[t["scheme"] == "tfdata_service", "not_modelled"].str.contains("not modelled").all()
+
+
+def test_planner_finding():
+    from enspipe.report import predicted
+
+    def run(auto_rate):
+        base = {"network": "alexnet_v2", "n": 4, "cores": "1", "consumer": "peak", "batch_size": 64,
+                "image_size": 224, "process_cpu_seconds_per_image": 0.001}
+        rows = [base | {"cell": f"g{i}", "scheme": s, "p": p, "rep": i % 3, "planned": None,
+                        "images_per_second_per_member": v}
+                for i, (s, p, v) in enumerate([("baseline", 4, 150), ("all_shared", 4, 500), ("all_shared", 4, 520),
+                                               ("all_shared", 4, 480), ("single_broadcast", 1, 560)])]
+        rows.append(base | {"cell": "auto", "scheme": "single_broadcast", "p": 1, "rep": 0, "planned": "auto",
+                            "images_per_second_per_member": auto_rate})
+        df = cells(*rows)
+        pred = pd.DataFrame({"cell": df["cell"], "predicted_rate": 600.0})
+        return {"planner": predicted.planner_choices(df, pred)}
+
+    assert holds(findings.planner_finding, **run(540)) == YES
+    assert holds(findings.planner_finding, **run(300)) == NO
+    t = run(540)["planner"].iloc[0]
+    assert t["best_measured"] == "single_broadcast (P=1)" and t["chosen"] == "single_broadcast (P=1)"
+    assert t["candidates"] == 3 and round(t["rate_vs_best"], 3) == round(540 / 560, 3)

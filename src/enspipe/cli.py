@@ -107,7 +107,8 @@ def _data_step(fail: Fail, fn, *args):
 def _run_args(p: argparse.ArgumentParser) -> None:
     add_options(p)  # every RunConfig field, declared there once
     p.add_argument("--rate-from", default=None,
-                   help="take the network's rc from this calibration file (the workflow's rates.json)")
+                   help="the calibration file (the workflow's rates.json): the emulated accelerator's rc, and the "
+                        "rates --scheme auto plans from")
     p.add_argument("--skip-corrupt", dest="on_corrupt", action="store_const", const="skip",
                    help="the same as --on-corrupt skip")
 
@@ -117,10 +118,12 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         return from_options(a, rate_source="--rate" if a.rate is not None else None)
     if a.rate is not None:
         raise ConfigError("rate_from", "--rate and --rate-from both given", "pass one of them")
+    if a.consumer != "emulated":  # the calibration only for --scheme auto's plan: no accelerator rate to read
+        return from_options(a, calibration=a.rate_from)
     from enspipe.run.calibration import read_rate
 
     rate, source = read_rate(a.rate_from, a.network)
-    return from_options(a, rate=rate, rate_source=source)
+    return from_options(a, rate=rate, rate_source=source, calibration=a.rate_from)
 
 
 def _run(a: argparse.Namespace, fail: Fail) -> int:
@@ -196,7 +199,10 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     from enspipe.models.networks import NETWORKS
     from enspipe.plan.config import WIRE_DTYPES, numbers
 
-    p.add_argument("--n", type=positive_int, required=True, help="ensemble members")
+    p.add_argument("--n", type=positive_int, default=None, help="ensemble members (required unless --config)")
+    p.add_argument("--config", default=None,
+                   help="predict every peak cell of this config's grid from its model section instead "
+                        "(e.g. config/paper.yaml: the paper's Fig. 10, and the n at which each pipeline falls below rc)")
     p.add_argument("--network", choices=list(NETWORKS), default=None,
                    help="read its rp (and rc) from --rates; its batch size is the default")
     p.add_argument("--rates", default=None, help="the calibration's rates.json (rp per core count, rc)")
@@ -222,9 +228,11 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(a: argparse.Namespace, fail: Fail) -> int:
-    from enspipe.plan.planner import PlanRequest, run_plan
+    from enspipe.plan.planner import PlanRequest, run_grid_plan, run_plan
 
     try:
+        if a.config:
+            return run_grid_plan(a.config, a.network, as_json=a.json)
         request = PlanRequest.from_args(a)
     except ConfigError as e:
         fail(str(e))

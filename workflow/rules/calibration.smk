@@ -60,3 +60,27 @@ rule rates:
     localrule: True
     script:
         "../scripts/rates.py"
+
+
+rule calibrate_comm:
+    """The collectives' latency and bandwidth and the memory copy's, timed on two ranks and fitted
+    (enspipe calibrate-comm): the cost model's collective costs, beside rates.json."""
+    output:
+        comm=COMM,
+    params:
+        enspipe=ENSPIPE,
+    conda:
+        ENV
+    log:
+        "results/logs/calibration/comm.log",
+    threads: exclusive_threads
+    resources:
+        tasks=2,
+        mpi=config["mpi"]["launcher"],
+        cpus_per_task=1,
+        mem_mb=2 * SLURM["mem_mb_per_task"],
+        runtime=SLURM["runtime"],
+        slurm_extra=slurm_extra,
+    shell:
+        "{resources.mpi} -n {resources.tasks} {params.enspipe} calibrate-comm --max-mb 16 --repeats 5 "
+        "--out {output.comm} > {log} 2>&1"

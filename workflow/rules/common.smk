@@ -10,7 +10,7 @@ from snakemake.utils import min_version, validate
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from enspipe.plan import grid  # noqa: E402
-from enspipe.plan.schemes import SCHEME_KINDS  # noqa: E402
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS  # noqa: E402
 from enspipe.report import figures  # noqa: E402
 
 min_version("9.0")
@@ -43,6 +43,8 @@ CALIBRATIONS = grid.calibrations(config)
 RC_MEASURED = grid.trained_networks(config)
 DATASET = "results/dataset"
 RATES = "results/calibration/rates.json"
+COMM = "results/calibration/comm.json"  # enspipe calibrate-comm: the cost model's collective costs
+PAPER_CONFIG = os.path.join(workflow.basedir, "config", "paper.yaml")  # its model section: the paper's grid predicted
 IDLE = "results/idle/power.json"
 TABLE = "results/tables/cells.csv"
 SLURM = config.get("slurm", {})
@@ -50,7 +52,7 @@ SLURM = config.get("slurm", {})
 
 wildcard_constraints:
     network="|".join(config["networks"]),
-    scheme="|".join(SCHEME_KINDS),
+    scheme="|".join([*SCHEME_KINDS, AUTO]),
     n=r"[1-9][0-9]*",
     p=r"[1-9][0-9]*",
     cores=r"all|[1-9][0-9]*",
@@ -64,17 +66,20 @@ def cell_of(wildcards, n=None):
 
 
 def cell_inputs(wildcards):
-    """The data stage, the idle power, and the calibrated rates where the accelerator is emulated."""
+    """The data stage, the idle power, the calibrated rates where the accelerator is emulated or
+    the plan chooses the scheme (auto), and the collective costs the plan uses."""
     inputs = {"manifest": f"{DATASET}/manifest.json", "idle": IDLE}
-    if wildcards.consumer == "emulated":
+    if wildcards.consumer == "emulated" or wildcards.scheme == AUTO:
         inputs["rates"] = RATES
+    if wildcards.scheme == AUTO:
+        inputs["comm"] = COMM
     return inputs
 
 
 def cell_args(wildcards, input, n=None):
     """``enspipe run`` arguments of a cell, quoted for the shell."""
     cell = cell_of(wildcards, n)
-    args = grid.run_args(config, cell, input.rates if cell.consumer == "emulated" else None)
+    args = grid.run_args(config, cell, input.get("rates"), input.get("comm"))
     return grid.shell_args(args + ["--data", DATASET, "--idle-power", input.idle])
 
 

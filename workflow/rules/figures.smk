@@ -7,6 +7,8 @@ rule figures:
         rates="results/calibration/rates.json",
         idle="results/idle/power.json",
         lag="results/tables/lag.csv",
+        comm=COMM,
+        paper=PAPER_CONFIG,
     output:
         figures.workflow_outputs(report),  # the registry in src/enspipe/report/figures.py
     conda:

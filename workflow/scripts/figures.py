@@ -8,5 +8,6 @@ from enspipe.report.figures import render
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
     paths = render(snakemake.input.table, snakemake.input.rates, snakemake.input.idle, "results/figures",  # noqa: F821
-                   lag_csv=snakemake.input.lag)  # noqa: F821
+                   lag_csv=snakemake.input.lag, comm_json=snakemake.input.comm,  # noqa: F821
+                   paper_config=snakemake.input.paper)  # noqa: F821
     print("\n".join(paths), file=log)

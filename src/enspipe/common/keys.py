@@ -42,7 +42,10 @@ SUMMARY: dict[str, str] = {
     "rate": "the emulated accelerator's rc (images/s)", "rate_source": "where rc came from",
     "batch_size": "global batch", "steps": "measured steps", "warmup": "the --warmup asked for",
     "cores": "cores per member (null: all)", "image_size": "preprocessed image side (px)",
-    "scheme": "the sharing scheme", "n": "members", "p": "preprocessing members",
+    "scheme": "the sharing scheme (an auto cell: the one the plan chose)", "n": "members",
+    "p": "preprocessing members",
+    "planned": "--scheme auto: the plan's choice of scheme and P, its prediction, the runners-up and the inputs "
+               "(null otherwise)",
     "wire_dtype": "element type on the wire", "transport": "mpi4py or horovod",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
     "dataset": "path, size, digest, whether synthetic, effective shuffle buffer",

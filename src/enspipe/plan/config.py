@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 
 from enspipe.plan.errors import require as _require
-from enspipe.plan.schemes import SCHEME_KINDS
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 
 CONSUMERS = ("train", "emulated", "peak")
-SCHEMES = tuple(SCHEME_KINDS)  # the scheme registry's names, in its order
+SCHEMES = tuple(SCHEME_KINDS) + (AUTO,)  # the scheme registry's names, in its order, and the planner's choice
 WIRE_DTYPES = ("float32", "uint8")
 TRANSPORTS = ("mpi4py", "horovod")
 PREPROCESSINGS = ("inception", "vgg")
@@ -98,7 +98,8 @@ class RunConfig:
     image_size: int = option(224, "side in px of the square preprocessed image (224 in the paper)",
                              parse=positive_int)
     scheme: str = option("baseline", "how members share preprocessing: " + "; ".join(
-        f"{k}: {kind.summary}" for k, kind in SCHEME_KINDS.items()), choices=SCHEMES)
+        f"{k}: {kind.summary}" for k, kind in SCHEME_KINDS.items()) + f"; {AUTO}: the cost model's choice of scheme "
+        "and P for these members (enspipe plan; needs --rate-from, the calibration)", choices=SCHEMES)
     preprocessors: int | None = option(None, "P, the preprocessing members, for " + " / ".join(
         k for k, kind in SCHEME_KINDS.items() if kind.takes_p) + " (P = N for the others)", parse=positive_int)
     rate: float | None = option(None, "the emulated accelerator's rate rc in images/s (emulated only)", parse=float)
@@ -152,6 +153,10 @@ class RunConfig:
     tfdata_cache_mb: int = option(1024, "tfdata_service only: each worker's cross-trainer cache in MiB; a "
                                   "member that falls further behind than it holds skips elements",
                                   parse=positive_int)
+    plan_comm: str | None = option(None, "--scheme auto only: enspipe calibrate-comm's comm.json, the collective "
+                                   "costs the plan uses (default: assumed ones, labelled so)")
+    calibration: str | None = None  # the calibration file (--rate-from): rc, and the rp that --scheme auto plans from
+    planned: dict | None = None     # --scheme auto: what the planner chose and predicted (set when the cell starts)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -192,7 +197,20 @@ class RunConfig:
                      f"{self.consumer}", "pass --consumer emulated --rate R, or leave --slow-member out")
             _require(rank >= 0 and math.isfinite(factor) and factor >= 1, "slow_member",
                      f"needs RANK >= 0 and FACTOR >= 1, got {rank}:{factor}", "pass e.g. --slow-member 1:3")
-        service = SCHEME_KINDS[self.scheme].service  # a known scheme: its choices were checked above
+        if self.scheme == AUTO:
+            _require(self.calibration is not None and os.path.isfile(self.calibration), "rate_from",
+                     f"--scheme auto plans from the calibration, and {self.calibration!r} is not a file",
+                     "pass --rate-from results/calibration/rates.json")
+            _require(self.preprocessors is None, "preprocessors", "--scheme auto chooses P itself",
+                     "leave --preprocessors out, or name the scheme")
+            _require(self.plan_comm is None or os.path.isfile(self.plan_comm), "plan_comm",
+                     f"{self.plan_comm!r} is not a file", "write it with enspipe calibrate-comm, or leave it out")
+        else:
+            # (an auto cell's config after the plan chose its scheme keeps the file it planned with)
+            _require(self.plan_comm is None or self.planned is not None, "plan_comm",
+                     f"is for --scheme auto, not {self.scheme}",
+                     "leave --plan-comm out, or pass --scheme auto")
+        service = self.scheme != AUTO and SCHEME_KINDS[self.scheme].service  # a known scheme: checked above
         for name in SERVICE_OPTIONS:
             _require(service or getattr(self, name) == default(name), name, f"is for --scheme tfdata_service, "
                      f"not {self.scheme}", f"leave --{name.replace('_', '-')} out, or pass --scheme tfdata_service")

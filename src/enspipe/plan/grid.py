@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 
 from enspipe.plan.config import default
-from enspipe.plan.schemes import SCHEME_KINDS, make_scheme
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
 
 RUNS = "results/runs"
 LAG = "results/lag/{scheme}/summary.json"  # the lag cells (config ``lag``), one per scheme
@@ -82,7 +82,7 @@ def expand(config: dict) -> tuple[list[Cell], list[str]]:
             batch = batch_size(config, network)
             for scheme in exp["schemes"]:
                 for n in exp["n"]:
-                    ps = exp.get("p") or [None] if SCHEME_KINDS[scheme].takes_p else [n]
+                    ps = exp.get("p") or [None] if takes_p(scheme) else [n]
                     for p in ps:
                         why = invalid(scheme, n, p, batch)
                         if why:
@@ -106,10 +106,18 @@ def cells(config: dict) -> list[Cell]:
     return expand(config)[0]
 
 
+def takes_p(scheme: str) -> bool:
+    """Whether a cell of ``scheme`` chooses P (``auto`` does not: the plan does, when it starts)."""
+    return scheme != AUTO and SCHEME_KINDS[scheme].takes_p
+
+
 def invalid(scheme: str, n: int, p: int | None, batch: int) -> str | None:
-    """Why a combination is not a cell (the scheme's rule, as its error states it), or None."""
+    """Why a combination is not a cell (the scheme's rule, as its error states it), or None.
+    ``auto`` is valid wherever some scheme is (the baseline always is)."""
     from enspipe.plan.errors import ConfigError
 
+    if scheme == AUTO:
+        return invalid("baseline", n, None, batch)
     try:
         make_scheme(scheme, n, p if SCHEME_KINDS[scheme].takes_p else None, batch)
     except ConfigError as e:
@@ -137,23 +145,27 @@ def trained_networks(config: dict) -> list[str]:
     return sorted(n for n in nets if config["networks"][n].get("rc") is None)
 
 
-def run_args(config: dict, cell: Cell, rates: str | None = None) -> list[str]:
+def run_args(config: dict, cell: Cell, rates: str | None = None, comm: str | None = None) -> list[str]:
     """``enspipe run`` arguments for a cell (without --data/--out), every value a string. An
     emulated accelerator's rate comes from the calibration file ``rates`` at run time (``--rate-from``):
-    which rc applies is decided in one place, :mod:`enspipe.run.calibration`."""
+    which rc applies is decided in one place, :mod:`enspipe.run.calibration`. An ``auto`` cell
+    plans from the same file and the collective costs ``comm`` (``enspipe calibrate-comm``)."""
     args = ["--network", cell.network, "--scheme", cell.scheme, "--consumer", cell.consumer,
             "--batch-size", str(batch_size(config, cell.network)), "--image-size", str(config["image_size"]),
             "--steps", str(config["steps"]), "--warmup", str(config["warmup"]),
             "--seed", str(int(config.get("seed", default("seed"))) + cell.rep), "--rep", str(cell.rep),
             "--monitor-interval", str(config.get("monitor_interval", default("monitor_interval")))]
-    if SCHEME_KINDS[cell.scheme].takes_p:
+    if takes_p(cell.scheme):
         args += ["--preprocessors", str(cell.p)]
     if cell.cores != "all":
         args += ["--cores", cell.cores]
-    if cell.consumer == "emulated":
+    if cell.consumer == "emulated" or cell.scheme == AUTO:
         if rates is None:
-            raise ValueError(f"{cell.name}: the emulated consumer needs the calibration file (rates.json)")
+            raise ValueError(f"{cell.name}: the emulated consumer and the auto scheme need the calibration file "
+                             "(rates.json)")
         args += ["--rate-from", rates]
+    if cell.scheme == AUTO and comm:
+        args += ["--plan-comm", comm]
     power = config.get("power", {})
     args += ["--power", ",".join(power.get("sources", default("power"))),
              "--idle-watts", str(power.get("idle_watts", default("idle_watts"))),

@@ -3,9 +3,13 @@
 One member's pipeline is a chain of overlapped stages (read and preprocess, exchange, consumer),
 so in the steady state a member delivers batches at the pace of its slowest stage. Per global
 batch of ``B`` images of ``m`` bytes in all (``B x size^2 x 3`` x 4 bytes on a float32 wire, x 1 on
-uint8), with ``c`` cores per preprocessor (its core limit, or its share of the node's cores where the
-node's preprocessing members outnumber them: ``c = min(limit, cores_per_node / preprocessors_per_node)``;
-a member that only consumes uses next to no CPU):
+uint8), with ``c`` cores per preprocessor. enspipe places ``k`` members on a node of ``C`` cores
+(``enspipe.run.affinity.assign_cores``, ``Placement.threads``): with a core limit ``L`` and
+``k L <= C`` each member is pinned to ``L`` cores of its own and sizes its pools to them; otherwise
+the members share cores and each sizes its pools to ``t = max(1, min(L or C, C // k))`` threads. A
+preprocessor then runs on ``c = min(t, C / busy)`` cores, ``busy`` the node's members that
+preprocess (a member that only consumes uses next to no CPU, so one preprocessor among idle
+members gets its ``t`` threads' cores, not ``C``):
 
 * **preprocessing**: a preprocessor with a share of ``b`` images needs ``b / rp(c)`` seconds,
   ``rp(c)`` one member's measured preprocessing rate (calibration; linear in the cores between and
@@ -16,8 +20,12 @@ a member that only consumes uses next to no CPU):
     block once, ``T = alpha_node + (m / p) / copy_bw``; nothing is copied to read;
   - an all-gather among ``p`` ranks over MPI (MPICH's ring for large messages):
     ``T = (p - 1) alpha + (p - 1) / p x m / bw``;
-  - a broadcast of ``m`` bytes to ``p`` ranks (MPICH's scatter + ring all-gather for large
-    messages): ``T = (log2 p + p - 1) alpha + 2 (p - 1) / p x m / bw``;
+  - a broadcast of ``m`` bytes to ``p`` ranks, by MPICH's own choice of algorithm
+    (``CommCosts.bcast = "mpich"``): a binomial tree below 12 KiB or 8 ranks,
+    ``T = ceil(log2 p) (alpha + m / bw)``, else scatter + ring all-gather,
+    ``T = (log2 p + p - 1) alpha + 2 (p - 1) / p x m / bw``; ``"binomial"`` or
+    ``"scatter_allgather"`` force one (an MPI whose large broadcasts are trees, as the paper's
+    falling Single- and Multi-Broadcast curves suggest of its stack, is ``"binomial"``);
   - concurrent block broadcasts (Multi-Broadcast): the ``P`` broadcasts of ``m / P`` bytes share
     the links, ``T = sum`` of the ``P`` broadcasts;
 
@@ -30,7 +38,8 @@ A member's CPU also runs its exchange's copies, so the preprocessing stage of a 
 exchanges competes with them: its time is ``b / rp(c) + cpu_x / c``. The delivered rate is
 ``B / max(t_prep, t_exchange, B / rc)``; ``rate <= min(rc, max over members of rp share)``
 by construction. CPU per delivered image per member: the preprocessing CPU of one batch
-(``B x cpu(c)``, ``cpu(c)`` one member's measured CPU-s per image) shared by the ``n`` members
+(``B x cpu(c')``, ``cpu(c')`` one member's measured CPU-s per image on the ``c'`` cores its
+process may use) shared by the ``n`` members
 that consume it (the baseline: not shared), plus the mean exchange CPU per image (the copies:
 bytes a member copies / ``copy_bw``). Sharing can therefore never predict below ``1/n`` of the
 baseline's CPU per image. The tf.data service is not modelled (its gRPC path has not been
@@ -38,11 +47,17 @@ fitted): :func:`predict` says so rather than guess.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.schemes import SCHEME_KINDS, BlockBroadcasts, Broadcast, Gather, make_scheme
+
+
+BCAST_ALGORITHMS = ("mpich", "binomial", "scatter_allgather")
+MPICH_BCAST_SHORT = 12288  # bytes: MPICH's binomial broadcast below this (MPIR_CVAR_BCAST_SHORT_MSG_SIZE)
+MPICH_BCAST_MIN_PROCS = 8  # ranks: and below this (MPIR_CVAR_BCAST_MIN_PROCS)
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,8 @@ class CommCosts:
       copy_bandwidth: one core's memory copy bandwidth (bytes/s): node-shared-memory blocks.
       alpha_node: a node-shared-memory exchange's synchronisation (s).
       inter_node_bandwidth: bytes/s between nodes (a parameter where only one node was measured).
+      bcast: the broadcast algorithm: ``mpich`` (MPICH's choice by size and ranks), ``binomial``
+        or ``scatter_allgather``.
       source: where the numbers came from (a file, or ``assumed``).
     """
 
@@ -63,6 +80,7 @@ class CommCosts:
     copy_bandwidth: float = 6e9
     alpha_node: float = 20e-6
     inter_node_bandwidth: float = 12.5e9  # 100 Gb/s (InfiniBand EDR), a parameter: one node cannot measure it
+    bcast: str = "mpich"
     source: str = "assumed"
 
     def __post_init__(self) -> None:
@@ -73,16 +91,19 @@ class CommCosts:
             require(getattr(self, name) > 0 and math.isfinite(getattr(self, name)), name,
                     f"must be a finite bandwidth > 0 bytes/s, got {getattr(self, name)}",
                     "refit with enspipe calibrate-comm")
+        require(self.bcast in BCAST_ALGORITHMS, "bcast", f"must be one of {', '.join(BCAST_ALGORITHMS)}, "
+                f"got {self.bcast!r}", "pick MPICH's own choice (mpich) unless your MPI is known to differ")
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "") -> "CommCosts":
         keys = ("alpha", "bandwidth", "copy_bandwidth", "alpha_node", "inter_node_bandwidth")
-        return cls(**{k: float(d[k]) for k in keys if k in d}, source=source or d.get("source", "file"))
+        return cls(**{k: float(d[k]) for k in keys if k in d}, bcast=str(d.get("bcast", "mpich")),
+                   source=source or d.get("source", "file"))
 
     def as_dict(self) -> dict:
         return {"alpha": self.alpha, "bandwidth": self.bandwidth, "copy_bandwidth": self.copy_bandwidth,
                 "alpha_node": self.alpha_node, "inter_node_bandwidth": self.inter_node_bandwidth,
-                "source": self.source}
+                "bcast": self.bcast, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -180,7 +201,48 @@ def _bcast_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool) -> floa
         return 0.0
     if shm:
         return comm.alpha_node + m / comm.copy_bandwidth  # the root's one copy in
-    return (math.log2(p) + p - 1) * comm.alpha + 2 * (p - 1) / p * m / bw
+    a, b = bcast_terms(p, m, comm.bcast)
+    return a * comm.alpha + b * m / bw
+
+
+def bcast_terms(p: int, m: float, algorithm: str = "mpich") -> tuple[float, float]:
+    """A broadcast's cost as ``a x alpha + b x m / bw``: (a, b) for ``p`` ranks and ``m`` bytes."""
+    if algorithm == "mpich":
+        short = m < MPICH_BCAST_SHORT or p < MPICH_BCAST_MIN_PROCS
+        algorithm = "binomial" if short else "scatter_allgather"
+    if algorithm == "binomial":
+        hops = math.ceil(math.log2(p))
+        return hops, hops
+    return math.log2(p) + p - 1, 2 * (p - 1) / p
+
+
+def member_cores(cores_per_node: int, members: int, limit: float | None, busy: int) -> tuple[float, float, bool]:
+    """(cores one preprocessor's pools run on, cores its process may run on, whether the node's
+    members share cores) under enspipe's placement (the module's rule): ``members`` on the node,
+    ``busy`` of them preprocessing. The rate follows the first, the CPU per image the second (its
+    reading and runtime threads spread over every core it may use)."""
+    c = cores_per_node
+    own = limit is not None and limit * members <= c
+    threads = limit if own else max(1, min(limit or c, c // members))
+    return min(threads, c / max(1, busy)), min(limit or c, c), (not own and members > 1) or members > c
+
+
+@functools.lru_cache(maxsize=4096)
+def _structure(scheme_name: str, n: int, p: int | None, batch: int, nodes: int):
+    """What a prediction needs of a scheme's layout, whatever the costs: the scheme, members per
+    node, preprocessors on the busiest node, each step with its blocks and whether it crosses
+    nodes, and each member's share (cached: a sweep over costs reuses it)."""
+    layout = _layout(n, nodes)
+    scheme = make_scheme(scheme_name, n, p, batch, layout)
+    node_of = {r: k for k, node in enumerate(layout) for r in node}
+    pre = set(scheme.preprocessors)
+    # a node's cores are shared by the members that preprocess on it (a consumer that only
+    # waits for batches, or an emulated accelerator, uses next to none)
+    busy = max(sum(1 for r in node if r in pre) for node in layout)
+    steps = tuple((step, blocks, _spans_nodes(step.group, node_of))
+                  for step, blocks in zip(scheme.steps, scheme.block_counts(batch)))
+    shares = {r: scheme.share(r, batch) for r in range(n)}
+    return scheme, max(len(node) for node in layout), busy, steps, shares
 
 
 def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int, machine: Machine,
@@ -191,23 +253,14 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
     if kind is not None and kind.service:
         raise ConfigError("scheme", f"{scheme_name} is not modelled (its gRPC path has not been fitted)",
                           "choose one of enspipe's schemes")
-    nodes = _layout(n, min(machine.nodes, n))
-    scheme = make_scheme(scheme_name, n, p, batch, nodes)
-    node_of = {r: k for k, node in enumerate(nodes) for r in node}
-    per_node = max(len(node) for node in nodes)
-    # a node's cores are shared by the members that preprocess on it (a consumer that only
-    # waits for batches, or an emulated accelerator, uses next to none)
-    busy = max(sum(1 for r in node if r in scheme.preprocessors) for node in nodes)
-    cores = min(machine.core_limit or machine.cores_per_node, machine.cores_per_node / max(1, busy))
-    oversubscribed = per_node * (machine.core_limit or 1) > machine.cores_per_node or \
-        machine.cores_per_node / per_node < 1
+    scheme, per_node, busy, steps, shares = _structure(scheme_name, n, p, batch, min(machine.nodes, n))
+    cores, allowed, oversubscribed = member_cores(machine.cores_per_node, per_node, machine.core_limit, busy)
     image_bytes = image_size * image_size * 3 * (1 if wire_dtype == "uint8" else 4)
     m = batch * image_bytes
     comm = machine.comm
     # exchange: the steps in order, each over MPI across nodes or node-shared memory within one
     t_x, copied = 0.0, {r: 0.0 for r in range(n)}  # seconds per batch; bytes each member copies
-    for step, blocks in zip(scheme.steps, scheme.block_counts(batch)):
-        across = _spans_nodes(step.group, node_of)
+    for step, blocks, across in steps:
         shm = node_shm and not across
         bw = comm.inter_node_bandwidth if across else comm.bandwidth
         size = len(step.group)
@@ -227,7 +280,6 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
                     copied[r] += b if (r == root or not shm) else 0.0
     cpu_x = {r: copied[r] / comm.copy_bandwidth for r in range(n)}
     rp = machine.rate_at(cores)
-    shares = {r: scheme.share(r, batch) for r in range(n)}
     t_prep = max((hi - lo) / rp + cpu_x[r] / cores for r, (lo, hi) in shares.items() if hi > lo)
     rc = machine.rc
     if rc is not None and machine.accelerators_per_node is not None and per_node > machine.accelerators_per_node:
@@ -236,7 +288,7 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
     stages = {"preprocess": t_prep, "exchange": t_x, "accelerator": t_acc}
     bound = max(stages, key=stages.get)
     rate = batch / stages[bound]
-    cpu_img = machine.cpu_at(cores)
+    cpu_img = machine.cpu_at(allowed)
     made = sum(hi - lo for lo, hi in shares.values())  # images preprocessed per batch, all members
     cpu = cpu_img * made / (batch * n) + sum(cpu_x.values()) / (batch * n)  # per image delivered to each of n
     why = {
@@ -269,7 +321,7 @@ def plan(n: int, batch: int, image_size: int, machine: Machine, wire_dtype: str 
 
 def fit_comm(measured: dict, inter_node_bandwidth: float | None = None, source: str = "") -> CommCosts:
     """Latency and bandwidth from :func:`enspipe.exchange.calibrate.measure_collectives`' table:
-    a least-squares fit of the module's all-gather and broadcast formulas together (one alpha, one
+    a least-squares fit of the module's all-gather and (MPICH-chosen) broadcast formulas together (one alpha, one
     bandwidth; the ranks' own, intra-node MPI), the barrier as the node-shared-memory
     synchronisation, and the copy's bandwidth. One node cannot measure the inter-node bandwidth:
     it is the parameter given (or the default's)."""
@@ -283,7 +335,8 @@ def fit_comm(measured: dict, inter_node_bandwidth: float | None = None, source: 
         m = float(r["bytes"])
         rows.append([p - 1, (p - 1) / p * m])
         times.append(r["allgather_s"])
-        rows.append([math.log2(p) + p - 1, 2 * (p - 1) / p * m])
+        a, b = bcast_terms(p, m)  # MPICH's algorithm at this size and rank count
+        rows.append([a, b * m])
         times.append(r["bcast_s"])
     (alpha, inv_bw), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
     if inv_bw <= 0:  # the payloads were too small to show a bandwidth: fit the largest alone

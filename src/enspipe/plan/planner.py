@@ -69,7 +69,8 @@ class PlanRequest:
         from enspipe.models.networks import NETWORKS
         from enspipe.plan.schemes import SCHEME_KINDS
 
-        require(a.n >= 1, "n", f"must be >= 1, got {a.n}", "pass the number of members")
+        require(a.n is not None and a.n >= 1, "n", f"must be >= 1, got {a.n}",
+                "pass the number of members (or --config for a config's whole grid)")
         require(a.rp is not None or (a.rates and a.network), "rp", "no preprocessing rate to plan from",
                 "pass --network with --rates results/calibration/rates.json, or --rp CORES:RATE")
         require(not (a.peak and a.rc is not None), "rc", "--peak and --rc contradict each other", "pass one")
@@ -136,3 +137,67 @@ def run_plan(req: PlanRequest, as_json: bool = False, top: int = 10) -> int:
         print(f"{i:>3}  {label:<24}{x.images_per_second:>14.1f}{x.cpu_seconds_per_image * 1e3:>12.2f}  "
               f"{x.bound:<14}{x.bottleneck}{over}")
     return 0
+
+
+def run_grid_plan(config_path: str, network: str | None = None, as_json: bool = False) -> int:
+    """``enspipe plan --config``: every peak cell of a config's grid predicted from its ``model``
+    section (:mod:`enspipe.plan.curves`), and the n at which each pipeline falls below each rc."""
+    import yaml
+
+    from enspipe.plan.curves import ModelInputs, crossings, peak_curves
+
+    require(os.path.isfile(config_path), "config", f"{config_path!r} is not a file", "pass e.g. config/paper.yaml")
+    try:
+        with open(config_path) as f:
+            cfg = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError("config", f"{config_path!r} is not readable YAML ({e})", "fix the file") from None
+    require(isinstance(cfg, dict) and "experiments" in cfg and "networks" in cfg, "config",
+            f"{config_path!r} is not an enspipe config (no experiments or networks)", "pass e.g. config/paper.yaml")
+    inputs = ModelInputs.from_config(cfg)
+    network = network or next(iter(inputs.rp))
+    cross = crossings(cfg, inputs, network)
+    if as_json:
+        print(json.dumps({"label": "predicted", "config": config_path, "network": network, "source": inputs.source,
+                          "cores_per_node": inputs.cores_per_node, "comm": inputs.comm.as_dict(),
+                          "rc": inputs.rc, "curves": peak_curves(cfg, inputs), "crossings": cross}, indent=1))
+        return 0
+    bw0 = inputs.comm.inter_node_bandwidth
+    print(f"PREDICTED peak(n), {network}'s preprocessing, one member per {inputs.cores_per_node}-core node "
+          f"({config_path}); inputs: {inputs.source}")
+    print(f"collectives: {inputs.comm.bcast} broadcast, {bw0 / 1e9:g} GB/s between nodes ({inputs.comm.source}); "
+          f"rc: " + ", ".join(f"{k} {v:g}" for k, v in inputs.rc.items()))
+    bws = sorted({r["inter_node_bandwidth"] for r in cross})
+    head = "".join(f"{'below ' + k[:9]:>17}" for k in inputs.rc)
+    print(f"{'scheme':<18}{'P':>4}{'cores':>6}{'peak, largest n':>17}{head}   (first n below rc at "
+          + ", ".join(f"{b / 1e9:g}" for b in bws) + " GB/s; - never)")
+    keyed: dict[tuple, dict] = {}
+    for r in cross:
+        keyed.setdefault((r["scheme"], r["p"], r["cores"]), {})[(r["rc_network"], r["inter_node_bandwidth"])] = r
+    for (scheme, p, cores), by in keyed.items():
+        peak = by[(next(iter(inputs.rc)), bw0)]["rate_at_largest_n"]
+        cells = "".join(f"{'/'.join(str(by[(k, b)]['crosses_at_n'] or '-') for b in bws):>17}" for k in inputs.rc)
+        print(f"{scheme:<18}{p or '':>4}{cores:>6}{peak:>17.0f}{cells}")
+    return 0
+
+
+def choose(calibration: str, network: str, n: int, nodes: int, cores_per_node: int, *, batch: int, image_size: int,
+           rc: float | None, core_limit: int | None, wire_dtype: str = "float32", node_shm: bool = True,
+           comm_json: str | None = None) -> dict:
+    """``--scheme auto``: the planner's first choice for a cell's own members and placement, with
+    what it predicted and the runners-up, as the summary records it (``planned``)."""
+    rp, cpu, _ = rp_from_rates(_read_json(calibration, "rate_from", "pass the workflow's rates.json"), network)
+    comm = (CommCosts.from_dict(_read_json(comm_json, "plan_comm", "write it with enspipe calibrate-comm"),
+                                source=comm_json) if comm_json else CommCosts())
+    machine = Machine(rp=rp, rc=rc, cpu_per_image=cpu, cores_per_node=cores_per_node, nodes=nodes,
+                      core_limit=core_limit, comm=comm)
+    ranked = plan(n, batch, image_size, machine, wire_dtype, node_shm=node_shm)
+    best = ranked[0]
+    return {"requested": "auto", "scheme": best.scheme, "p": best.p,
+            "predicted": {"images_per_second": best.images_per_second,
+                          "cpu_seconds_per_image": best.cpu_seconds_per_image, "bound": best.bound,
+                          "bottleneck": best.bottleneck},
+            "runners_up": [{"scheme": x.scheme, "p": x.p, "images_per_second": x.images_per_second,
+                            "cpu_seconds_per_image": x.cpu_seconds_per_image} for x in ranked[1:4]],
+            "inputs": {"calibration": calibration, "comm": comm.source, "nodes": nodes,
+                       "cores_per_node": cores_per_node, "rc": rc, "core_limit": core_limit}}

@@ -260,3 +260,9 @@ def _check_batch(batch: int, p: int) -> None:
     if batch < p:
         raise ConfigError("batch_size", f"a batch of {batch} cannot be split among {p} preprocessors "
                                         "(needs batch >= P)", f"use --batch-size >= {p} or fewer preprocessors")
+
+
+# Not a scheme: ``--scheme auto`` (and ``auto`` in a config's experiment) runs the cost model's
+# first choice of scheme and P for the cell's own members, placement and calibration
+# (``enspipe.plan.planner.choose``), made when the cell starts; its results are labelled planned.
+AUTO = "auto"

@@ -39,7 +39,7 @@ ROW_COLUMNS = (  # one cell's own summary (cell_row)
     "queue_preprocessing_mean", "queue_compute_mean", "epochs_exact", "hosts", "machine", "summary",
     "warmup_steps", "steady", "window_balance", "starved_fraction",
     "members_per_host", "host_cpus", "cores_per_member", "oversubscribed", "node_vs_process_cpu", "node_quiet",
-    "exactly_once", "distinct_min", "window_samples", "skipped_samples",
+    "exactly_once", "distinct_min", "window_samples", "skipped_samples", "planned",
 )
 COLUMNS = ROW_COLUMNS + (  # and against its baseline (add_reductions)
     "reduction_ceiling", "ceiling_tolerance", "cpu_reduction_node", "cpu_reduction_process", "exceeds_ceiling",
@@ -68,8 +68,10 @@ def cell_row(s: dict, path: str = "") -> dict:
     exact = all(e["digest"] == want and e["missing"] == 0 for e in done) if done else None
     paths = sorted({p for r in ranks for p in r.get("exchange_paths", {}).values()})
     occ = [r.get("queue_occupancy") or {} for r in ranks]
+    planned = s.get("planned")  # an auto cell: the row is the scheme that ran, labelled planned
     return {
-        "cell": cell.name, "network": cell.network, "scheme": cell.scheme, "n": cell.n, "p": cell.p,
+        "cell": cell.name, "network": cell.network, "scheme": s["scheme"] if planned else cell.scheme, "n": cell.n,
+        "p": s["p"] if planned else cell.p, "planned": planned["requested"] if planned else None,
         "cores": cell.cores, "consumer": cell.consumer, "rep": cell.rep,
         "accelerator": s["accelerator"], "emulated": s["emulated"], "rate": s.get("rate"),
         "batch_size": s["batch_size"], "image_size": s["image_size"], "steps": s["steps"], "warmup": s["warmup"],

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from enspipe.report import findings, tables
+from enspipe.report import findings, predicted, tables
 from enspipe.common.atomic import atomic_open
 from enspipe.report.tables import provenance, scheme_order
 
@@ -314,6 +314,67 @@ def peer_figure(t: pd.DataFrame, path_stem: str) -> None:
                           f"{_placement_note(t)}{provenance(t)}")
 
 
+def prediction_figure(t: pd.DataFrame, path_stem: str) -> None:
+    """The cost model against the run: predicted vs measured images/s per member and CPU-s per
+    delivered image, one point per cell, the identity line, each scheme's median |error| in the
+    legend; cells the model does not cover are listed, never dropped silently."""
+    from enspipe.report.predicted import GOAL, errors_by_scheme
+
+    title = "The cost model (enspipe plan) against the run"
+    d = t.dropna(subset=["predicted_rate", "measured_rate", "predicted_cpu", "measured_cpu"])
+    if d.empty:
+        return _no_data(path_stem, title, "no cell the model covers (or no calibration to predict from)")
+    errs = errors_by_scheme(t).set_index("scheme")
+    fig, axes = _plt().subplots(1, 2, figsize=(11, 4.8), layout="constrained")
+    for ax, what, scale, unit in ((axes[0], "rate", 1, "images/s per member"),
+                                  (axes[1], "cpu", 1e3, "CPU ms per delivered image")):
+        for i, (scheme, g) in enumerate(d.groupby("scheme", sort=False)):
+            e = errs.loc[scheme, f"{what}_median_abs_error"]
+            shared = g["oversubscribed"].astype(bool)
+            for k, (part, marker) in enumerate(((g[~shared], "o"), (g[shared], "x"))):
+                ax.scatter(part[f"measured_{what}"] * scale, part[f"predicted_{what}"] * scale, s=22, marker=marker,
+                           color=f"C{i}", label=None if k else f"{scheme}: median |err| {e:.0%} ({len(g)})")
+        lo = min(d[f"measured_{what}"].min(), d[f"predicted_{what}"].min()) * scale * 0.8
+        hi = max(d[f"measured_{what}"].max(), d[f"predicted_{what}"].max()) * scale * 1.2
+        ax.plot([lo, hi], [lo, hi], "k-", lw=1)
+        ax.fill_between([lo, hi], [lo * (1 - GOAL), hi * (1 - GOAL)], [lo * (1 + GOAL), hi * (1 + GOAL)],
+                        color="0.9", zorder=0, label=f"within {GOAL:.0%}")
+        ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}", ylabel=f"predicted {unit}")
+        ax.legend(fontsize=7)
+    skipped = t[t["not_modelled"].notna()].groupby("not_modelled").size()
+    fig.suptitle(title)
+    _save(fig, path_stem, "Line: prediction = measurement; band: the goal; crosses: members sharing cores. "
+          + ("Not predicted: " + "; ".join(f"{k} ({v} cells)" for k, v in skipped.items()) + ". " if len(skipped) else "")
+          + f"Collective costs: {t['comm_source'].iloc[0]}.")
+
+
+def paper_grid_figure(curves: pd.DataFrame, meta: dict | None, path_stem: str) -> None:
+    """The paper's Fig. 10, predicted: peak(n) of each scheme and P over the paper's grid (its
+    first network's preprocessing, one member per node), each network's rc as a line, one panel
+    per core limit. Nothing here ran: every panel says PREDICTED."""
+    title = "PREDICTED: the paper's Fig. 10 from its own measurements (enspipe plan --config config/paper.yaml)"
+    if curves.empty or not meta:
+        return _no_data(path_stem, title, "config/paper.yaml has no model section")
+    d = curves[curves["network"] == meta["network"]]
+    limits = sorted(set(d["cores"].astype(str)), key=lambda c: (c != "all", c))
+    fig, axes = _plt().subplots(1, len(limits), figsize=(6 * len(limits), 4.6), squeeze=False, layout="constrained")
+    for ax, cores in zip(axes[0], limits):
+        g = d[d["cores"].astype(str) == cores]
+        for (scheme, p), c in g.groupby(["scheme", g["p"].fillna(0)], sort=False):
+            label = f"{scheme} (P={int(p)})" if p else scheme
+            ax.plot(c["n"], c["images_per_second"], marker=".", label=label)
+        for k, (net, rc) in enumerate(meta["rc"].items()):
+            ax.axhline(rc, color="k", ls=("--", ":", "-.")[k % 3], lw=1, label=f"rc {net} = {rc:.0f}")
+        ax.set(yscale="log", xlabel="ensemble size n (one member per node)", ylabel="images/s per member (PREDICTED)",
+               title=f"{meta['network']} preprocessing, cores per member: {cores}")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    c = meta["comm"]
+    _save(fig, path_stem, f"PREDICTED by enspipe's cost model, not run. Inputs: {meta['source']}; "
+          f"{meta['cores_per_node']} cores per node; collectives: {c['bcast']} broadcast, "
+          f"{c['inter_node_bandwidth'] / 1e9:g} GB/s between nodes ({c['source']}).")
+
+
 def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
     """Fig. 14: node power over time, All-Shared vs baseline (AlexNet where present, full cores,
     the largest n), from each cell's headline energy source; the idle power as a line."""
@@ -344,9 +405,14 @@ def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
 
 # -- everything -----------------------------------------------------------------------------------
 def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_dir: str,
-           lag_csv: str | None = None) -> list[str]:
+           lag_csv: str | None = None, comm_json: str | None = None, paper_config: str | None = None) -> list[str]:
     """Render every output of :data:`OUTPUTS` into ``out_dir``; returns the paths written."""
-    df = tables.load(table_csv)
+    import yaml
+
+    everything = tables.load(table_csv)
+    # the paper's figures and the peer's: the grid's own cells; auto cells (the planner's choice,
+    # labelled planned) appear in the cost model's outputs, not twice in a scheme's points
+    df = everything[everything["planned"].isna()] if "planned" in everything else everything
     derived = {"table1": tables.solo_vs_parallel(df), "table2": tables.core_usage_under_limit(df),
                "fig11": tables.broadcast_cpu(df), "fig12": tables.cpu_reduction(df),
                "fig13": tables.core_limit_speedup(df), "table3": tables.slowdown_at_one_core(df),
@@ -354,15 +420,24 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
     idle = _json(idle_json)
     derived["table4"] = tables.idle_power(idle, df)
     lag = pd.read_csv(lag_csv) if lag_csv and os.path.getsize(lag_csv) else None
-    ins = Inputs(df, derived, _json(rates_json), idle, lag)
+    rates = _json(rates_json)
+    derived["prediction"] = predicted.versus_measured(everything, rates, _json(comm_json))
+    derived["planner"] = predicted.planner_choices(everything, derived["prediction"])
+    paper = None
+    if paper_config and os.path.exists(paper_config):
+        with open(paper_config) as f:
+            paper = yaml.safe_load(f)
+    derived["paper_curves"], derived["paper_crossings"], derived["paper_model"] = predicted.paper_grid(paper)
+    ins = Inputs(df, derived, rates, idle, lag)
     os.makedirs(out_dir, exist_ok=True)
     for o in OUTPUTS.values():
         o.write(ins, os.path.join(out_dir, o.name))
     return [os.path.join(out_dir, f"{o.name}.{ext}") for o in OUTPUTS.values() for ext in o.formats]
 
 
-ALONE, PEAK, CPU, LIMITS, ENERGY, PAPER, PEER = ("1 One member alone", "2 Peak throughput", "3 CPU", "4 Core limits",
-                                                 "5 Energy", "0 Paper vs this run", "6 The tf.data service")
+ALONE, PEAK, CPU, LIMITS, ENERGY, PAPER, PEER, MODEL = (
+    "1 One member alone", "2 Peak throughput", "3 CPU", "4 Core limits", "5 Energy", "0 Paper vs this run",
+    "6 The tf.data service", "7 The cost model")
 
 
 @output("fig03_queue_occupancy", FIG, ALONE)
@@ -470,6 +545,36 @@ def _peer_lag(ins: Inputs, stem: str) -> None:
                 "lets the others run ahead and the slow one skip what its cache no longer holds. Per member: images/s, "
                 "its share of the fastest member's, samples skipped, fewest distinct samples in an epoch-length window. "
                 + (provenance(lag) if len(lag) else ""))
+
+
+@output("prediction_vs_measurement", FIG + TAB, MODEL)
+def _prediction(ins: Inputs, stem: str) -> None:
+    t = ins.tables["prediction"]
+    prediction_figure(t, stem)
+    write_table(t, stem, "The cost model (enspipe plan) against every cell: predicted and measured images/s per "
+                "member and CPU-s per delivered image (own processes), error = predicted / measured - 1; "
+                "`not_modelled` says why a cell has no prediction. Inputs: the calibration's rp and CPU per "
+                "image, the cell's accelerator rate, its placement, and the collective costs "
+                f"({t['comm_source'].iloc[0] if len(t) else 'none'}). {provenance(ins.df)}")
+
+
+@output("predicted_fig10_paper_grid", FIG + TAB, MODEL)
+def _paper_grid(ins: Inputs, stem: str) -> None:
+    meta = ins.tables["paper_model"]
+    paper_grid_figure(ins.tables["paper_curves"], meta, stem)
+    write_table(ins.tables["paper_crossings"], stem,
+                "PREDICTED, not run: for each pipeline of the paper's grid (one member per node), the first n at "
+                "which its predicted peak(n) falls below each network's rc (empty: never, up to the grid's "
+                "largest n), at the assumed inter-node bandwidth and the others given for sensitivity. "
+                + (f"Inputs: {meta['source']}." if meta else "No model section in config/paper.yaml."))
+
+
+@output("planner_choices", TAB, MODEL)
+def _planner(ins: Inputs, stem: str) -> None:
+    write_table(ins.tables["planner"], stem,
+                "scheme: auto: the scheme and P the plan chose for each auto cell when it started, its measured "
+                "images/s per member and CPU-s per delivered image, beside the best of enspipe's schemes the grid "
+                f"measured in the same setting (medians over repeats). {provenance(ins.df)}")
 
 
 @output("paper_vs_run", TAB, PAPER)

@@ -376,3 +376,41 @@ def peer_finding(df, t):
     holds = True if all(ok) else ("partly" if any(ok) else False)
     return Verdict("; ".join(parts), holds,
                    "peer_tfdata_service.csv (process CPU per delivered image)")
+
+
+@finding("cost model (not in the paper)", "enspipe plan's cost model predicts every modelled cell's images/s per member "
+         "and CPU-s per delivered image from calibration and collective timings alone",
+         "- (the paper leaves the choice of scheme to the user)",
+         "median |predicted / measured - 1| at most 15% for both, for every scheme with cells")
+def prediction_finding(df, t):
+    from enspipe.report.predicted import GOAL, errors_by_scheme
+
+    if "prediction" not in t or t["prediction"]["rate_error"].notna().sum() == 0:
+        return None
+    e = errors_by_scheme(t["prediction"])
+    parts = [f"{r.scheme} ({r.cells}): rate {r.rate_median_abs_error:.0%}, CPU {r.cpu_median_abs_error:.0%}"
+             for r in e.itertuples()]
+    ok = e["within_goal"].tolist()
+    holds = True if all(ok) else ("partly" if any(ok) else False)
+    worst = e.assign(w=e[["rate_median_abs_error", "cpu_median_abs_error"]].max(axis=1)).sort_values("w").iloc[-1]
+    return Verdict("median |error|: " + "; ".join(parts), holds,
+                   f"prediction_vs_measurement.csv; goal {GOAL:.0%}; furthest: {worst.scheme}")
+
+
+@finding("planner (not in the paper)", "scheme: auto (enspipe plan's choice of scheme and P) runs as fast as the best "
+         "scheme the grid measured in the same setting",
+         "- (the paper leaves the choice to the user)",
+         "each auto cell's images/s per member at least 0.9x the best measured enspipe scheme's (median over "
+         "repeats) at its network, n, core limit and consumer")
+def planner_finding(df, t):
+    from enspipe.report.predicted import PLANNER_GOAL
+
+    p = t.get("planner")
+    if p is None or p.empty or p["rate_vs_best"].isna().all():
+        return None
+    p = p.dropna(subset=["rate_vs_best"])
+    ok = (p["rate_vs_best"] >= PLANNER_GOAL).tolist()
+    holds = True if all(ok) else ("partly" if any(ok) else False)
+    parts = [f"{r.network} n={r.n} c={r.cores} {r.consumer}: chose {r.chosen} {r.chosen_rate:.0f} img/s vs best "
+             f"{r.best_measured} {r.best_rate:.0f} ({r.rate_vs_best:.2f}x)" for r in p.itertuples()]
+    return Verdict("; ".join(parts), holds, "planner_choices.csv")

@@ -29,7 +29,7 @@ import numpy as np
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.config import RunConfig
 from enspipe.plan.grid import Cell
-from enspipe.plan.schemes import make_scheme, node_groups
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme, node_groups
 from enspipe.common import keys
 
 SUMMARY = "summary.json"
@@ -54,6 +54,8 @@ def run(cfg: RunConfig) -> int:
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
     try:
+        if cfg.scheme == AUTO:
+            cfg = _planned(cfg, comm)
         scheme = make_scheme(cfg.scheme, n, cfg.preprocessors, cfg.global_batch)
         if cfg.slow_member is not None and cfg.slow_member[0] >= n:
             raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {n}",
@@ -69,6 +71,39 @@ def run(cfg: RunConfig) -> int:
     except BaseException as e:  # noqa: BLE001 - a failed rank takes the job down, fast
         _fail(cfg, comm, progress, f"rank {rank} failed: {type(e).__name__}: {e}", traceback.format_exc())
         return 1
+
+
+def _planned(cfg: RunConfig, comm) -> RunConfig:
+    """``--scheme auto``: the cost model's choice of scheme and P for these members on this
+    placement (their hosts' cores, their nodes), from the calibration; rank 0 decides, every rank
+    runs it. Raises :class:`ConfigError` (exit 2) where the calibration cannot give a plan."""
+    import dataclasses
+
+    from mpi4py import MPI
+
+    from enspipe.plan.planner import choose
+    from enspipe.run.placement import place
+
+    where = place(comm, MPI, cfg.cores)
+    nodes = len(set(comm.allgather(where.mpi_node)))
+    choice = None
+    if comm.Get_rank() == 0:
+        try:
+            choice = choose(cfg.calibration, cfg.network, comm.Get_size(), nodes, where.host_cpus,
+                            batch=cfg.global_batch, image_size=cfg.image_size,
+                            rc=cfg.rate if cfg.consumer == "emulated" else None, core_limit=cfg.cores,
+                            wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm, comm_json=cfg.plan_comm)
+        except ConfigError as e:
+            choice = {"error": [e.field, e.problem, e.fix]}
+    choice = comm.bcast(choice, root=0)
+    if "error" in choice:
+        raise ConfigError(*choice["error"])
+    takes_p = SCHEME_KINDS[choice["scheme"]].takes_p
+    _say(comm.Get_rank(), f"scheme auto: the plan runs {choice['scheme']}" + (f" P={choice['p']}" if takes_p else "")
+         + f" (predicted {choice['predicted']['images_per_second']:.0f} images/s per member, "
+         f"{choice['predicted']['bound']}-bound)")
+    return dataclasses.replace(cfg, scheme=choice["scheme"], preprocessors=choice["p"] if takes_p else None,
+                               planned=choice)
 
 
 def _fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> None:
@@ -383,8 +418,10 @@ def _summary(job: _Job, reports: list[dict], nodes: list[dict], window: tuple[fl
     cpumon.write_table(os.path.join(cfg.out, "cpu.csv"), [r for nd in nodes for r in nd["cpu_rows"]])
     write_power_table(os.path.join(cfg.out, "power.csv"), power_rows)
     return {
-        "cell": Cell.of({"network": cfg.network, "scheme": scheme.name, "n": n, "p": scheme.p, "cores": cfg.cores,
+        "cell": Cell.of({"network": cfg.network, "scheme": AUTO if cfg.planned else scheme.name, "n": n,
+                         "p": n if cfg.planned else scheme.p, "cores": cfg.cores,  # an auto cell: P = N, as the grid
                          "consumer": cfg.consumer, "rep": cfg.rep}).as_dict(),
+        "planned": cfg.planned,  # --scheme auto: the plan's choice and prediction; the scheme that ran is below
         "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
         "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
         "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
