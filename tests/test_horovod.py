@@ -44,11 +44,12 @@ def test_exactly_once_and_bit_identical_to_mpi4py(dataset, tmp_path, n, scheme, 
     for rank in range(n):  # every member of both transports: the same bytes in the same order
         assert _checksums(tmp_path / "horovod", rank) == reference, rank
         assert _checksums(tmp_path / "mpi4py", rank) == reference, rank
-    # the same payload accounting per collective (how many collectives fall inside the measured
-    # window depends on how far the exchange stage ran ahead of the consumer when it opened)
-    sent = lambda s: sum(r["bytes_sent"] for r in s["ranks"])  # noqa: E731
-    collectives = lambda s: sum(r["collectives"] for r in s["ranks"])  # noqa: E731
-    assert collectives(hv) > 0 and sent(hv) * collectives(mp) == sent(mp) * collectives(hv)
+    # the same payload accounting per collective, rank by rank (each rank plays one role, so its
+    # bytes per collective are fixed; how many collectives fall inside the measured window depends
+    # on how far its exchange stage ran ahead of the consumer when the window opened)
+    for h, m in zip(hv["ranks"], mp["ranks"]):
+        assert h["rank"] == m["rank"] and h["collectives"] > 0 and m["collectives"] > 0, h["rank"]
+        assert h["bytes_sent"] * m["collectives"] == m["bytes_sent"] * h["collectives"], h["rank"]
 
 
 @pytest.mark.parametrize("scheme, p", [("all_shared", None), ("multi_broadcast", 2)])
