@@ -7,10 +7,10 @@ from enspipe.models.networks import NETWORKS
 
 def test_paper_batch_sizes():
     assert {k: v.batch_size for k, v in NETWORKS.items() if k != "tiny"} == \
-        {"alexnet_v2": 128, "inception_v1": 32, "vgg_a": 32}
+        {"alexnet_v2": 128, "inception_v1": 32, "vgg_a": 32, "resnet_50": 32, "mobilenet_v2": 32}
 
 
-@pytest.mark.parametrize("name", ["alexnet_v2", "inception_v1", "vgg_a", "tiny"])
+@pytest.mark.parametrize("name", ["alexnet_v2", "inception_v1", "vgg_a", "resnet_50", "mobilenet_v2", "tiny"])
 def test_builds_at_small_sizes(name):
     model = NETWORKS[name].build(num_classes=7, image_size=64, seed=1)
     assert model(np.zeros((2, 64, 64, 3), np.float32)).shape == (2, 7)
@@ -31,10 +31,17 @@ def test_one_training_step_changes_the_loss(name):
     assert all(np.isfinite(losses)) and len(set(losses)) > 1
 
 
-def test_members_differ_by_seed():
-    a = NETWORKS["tiny"].build(5, 32, seed=1).get_weights()[0]
-    b = NETWORKS["tiny"].build(5, 32, seed=2).get_weights()[0]
-    assert not np.array_equal(a, b)
+@pytest.mark.parametrize("name", ["tiny", "mobilenet_v2"])
+def test_members_differ_by_seed_and_a_seed_repeats(name):
+    a, a2, b = (NETWORKS[name].build(5, 32, seed=s).get_weights()[0] for s in (1, 1, 2))
+    assert not np.array_equal(a, b) and np.array_equal(a, a2)
+
+
+def test_heterogeneous_networks_differ_in_size():
+    """FLEET's ensembles need members whose costs differ widely: at 1000 classes ResNet-50 has
+    25.6M parameters and MobileNetV2 3.5M (and about 4.1 against 0.3 GFLOPs per image, ~13x)."""
+    r, m = (NETWORKS[k].build(1000, 224).count_params() for k in ("resnet_50", "mobilenet_v2"))
+    assert 24e6 < r < 27e6 and 3e6 < m < 4e6
 
 
 def test_emulated_waits_without_cpu():

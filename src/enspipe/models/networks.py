@@ -1,5 +1,5 @@
-"""The registered networks: the paper's TF-Slim alexnet_v2, inception_v1 and vgg_a (+ a tiny test
-net), each with its paper batch size and its preprocessing. Importing this module is cheap (no
+"""The registered networks: the paper's TF-Slim alexnet_v2, inception_v1 and vgg_a, ResNet-50 and
+MobileNetV2 for heterogeneous ensembles (+ a tiny test net), each with its paper batch size and its preprocessing. Importing this module is cheap (no
 Keras), so options can be checked before any heavy work; ``build`` imports the Keras definitions
 (:mod:`enspipe.models.architectures`) when a model is really needed.
 """
@@ -30,5 +30,10 @@ NETWORKS: dict[str, NetworkSpec] = {
     "alexnet_v2": NetworkSpec("alexnet_v2", 128, "inception"),
     "inception_v1": NetworkSpec("inception_v1", 32, "inception"),
     "vgg_a": NetworkSpec("vgg_a", 32, "vgg"),
+    # Heterogeneous ensembles (FLEET) mix these with the paper's: keras.applications definitions,
+    # the preprocessing Slim's factory maps them to (resnet_v1 -> vgg, mobilenet_v2 -> inception) and
+    # the TF-Slim trainer's default batch of 32.
+    "resnet_50": NetworkSpec("resnet_50", 32, "vgg"),
+    "mobilenet_v2": NetworkSpec("mobilenet_v2", 32, "inception"),
     "tiny": NetworkSpec("tiny", 16, "inception"),
 }

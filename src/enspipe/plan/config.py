@@ -143,8 +143,12 @@ class RunConfig:
     idle_watts: float = option(50.0, "power model: idle watts per node (idle + per-core watts x busy cores; its "
                                "results are labelled modelled)", parse=float)
     watts_per_core: float = option(10.0, "power model: watts per fully busy core", parse=float)
+    data_parallel: int = option(1, "accelerators (ranks) per member: a member is g consecutive ranks that split "
+                                "each delivered batch and all-reduce gradients (FLEET's data-parallel members; train "
+                                "or emulated consumers); the job's ranks are members x g", parse=positive_int,
+                                metavar="G")
     slow_member: tuple[int, float] | None = option(
-        None, "RANK:FACTOR: member RANK's emulated accelerator is FACTOR times slower than the others' "
+        None, "RANK:FACTOR: member RANK's emulated accelerators are FACTOR times slower than the others' "
         "(emulated only): enspipe's members keep lockstep at its pace, the tf.data service lets the others "
         "run ahead and it skip", parse=rank_factor, metavar="RANK:FACTOR")
     tfdata_compression: str = option("none", "tfdata_service only: the service's compression of the "
@@ -191,6 +195,18 @@ class RunConfig:
                      "pass a positive rate or leave it out")
         _require(len(self.lrs) >= 1 and all(lr > 0 for lr in self.lrs), "lr",
                  f"learning rates must be positive, got {list(self.lrs)}", "pass e.g. --lr 0.01,0.02")
+        _require(self.data_parallel >= 1, "data_parallel", f"must be >= 1, got {self.data_parallel}",
+                 "pass the accelerators per member, e.g. --data-parallel 2")
+        if self.data_parallel > 1:
+            _require(self.consumer in ("train", "emulated"), "data_parallel", f"splits a batch between the "
+                     f"accelerators of a member; the {self.consumer} consumer has none",
+                     "pass --consumer train or emulated, or leave --data-parallel out")
+            _require(self.scheme not in SCHEME_KINDS or not SCHEME_KINDS[self.scheme].service, "data_parallel",
+                     "the tf.data service gives each rank its own stream, so a member's ranks would not split "
+                     "one batch", "use an enspipe scheme, or leave --data-parallel out")
+            _require(self.batch_size is None or self.batch_size >= self.data_parallel, "data_parallel",
+                     f"each of the {self.data_parallel} ranks needs at least one image of the batch of "
+                     f"{self.batch_size}", "raise --batch-size or lower --data-parallel")
         if self.slow_member is not None:
             rank, factor = self.slow_member
             _require(self.consumer == "emulated", "slow_member", f"slows an emulated accelerator; the consumer is "
@@ -279,6 +295,10 @@ class RunConfig:
     @property
     def total_steps(self) -> int:
         return self.warmup + self.steps
+
+    def member_of(self, rank: int) -> int:
+        """The ensemble member a rank trains (its data-parallel group: ranks g·m .. g·m + g - 1)."""
+        return rank // self.data_parallel
 
     def lr_for(self, member: int) -> float:
         return self.lrs[member % len(self.lrs)]

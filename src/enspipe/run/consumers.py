@@ -4,6 +4,15 @@
 a GPU when TensorFlow sees one, else on the CPU. ``emulated``: a stand-in for an accelerator on
 machines without one; it waits batch/rate seconds per step without using CPU, and every output
 of such a run says ``emulated``. ``peak``: dequeues as fast as possible (the paper's peak(n)).
+
+**Data-parallel members** (``--data-parallel g``, FLEET's members on several accelerators): a
+member is g consecutive ranks, each given the whole delivered batch by the scheme; rank j of the
+member trains on its contiguous part (:func:`batch_slice`) and the member's ranks all-reduce
+gradients (an mpi4py group communicator), each weighted by its part's share of the batch, so the
+update is the full batch's mean gradient: the same model as one accelerator on the whole batch,
+up to floating-point summation order. An emulated accelerator waits for its part at ``rate`` and
+then joins its member's all-reduce (the synchronisation is real; an all-reduce's transfer time on
+a real interconnect is not modelled).
 """
 from __future__ import annotations
 
@@ -20,17 +29,32 @@ class PeakConsumer:
         return {}
 
 
+def batch_slice(size: int, g: int, j: int) -> slice:
+    """Rank ``j``'s part of a batch of ``size`` split among ``g`` ranks: contiguous, in order, the
+    parts' sizes differing by at most one."""
+    q, r = divmod(size, g)
+    lo = j * q + min(j, r)
+    return slice(lo, lo + q + (j < r))
+
+
 class EmulatedConsumer:
-    """An accelerator stand-in that trains at ``rate`` images/s and leaves the CPU idle."""
+    """An accelerator stand-in that trains at ``rate`` images/s and leaves the CPU idle; in a
+    data-parallel member (``group`` of g ranks) it waits for its part, then joins the all-reduce."""
 
     kind = "emulated"
     emulated = True
 
-    def __init__(self, rate: float):
+    def __init__(self, rate: float, group=None):
         self.rate = rate
+        self.group = group if group is not None and group.Get_size() > 1 else None
 
     def step(self, images: np.ndarray, labels: np.ndarray) -> dict:
-        time.sleep(len(images) / self.rate)
+        if self.group is None:
+            time.sleep(len(images) / self.rate)
+            return {}
+        part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
+        time.sleep((part.stop - part.start) / self.rate)
+        self.group.allreduce(0)  # the member's ranks step together, as their gradient all-reduce makes them
         return {}
 
 
@@ -41,7 +65,7 @@ class TrainConsumer:
     emulated = False
 
     def __init__(self, network: str, num_classes: int, image_size: int, lr: float, seed: int,
-                 dequantize=None):
+                 dequantize=None, group=None):
         import keras
         import tensorflow as tf
 
@@ -53,31 +77,65 @@ class TrainConsumer:
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.num_classes = num_classes
         self.dequantize = dequantize
+        self.group = group if group is not None and group.Get_size() > 1 else None
+        variables = self.model.trainable_variables
 
         @tf.function(jit_compile=False, reduce_retracing=True)
         def train_step(x, y):
             with tf.GradientTape() as tape:
                 loss = self.loss_fn(y, self.model(x, training=True))
-            grads = tape.gradient(loss, self.model.trainable_variables)
-            self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+            grads = tape.gradient(loss, variables)
+            self.optimizer.apply_gradients(zip(grads, variables))
             return loss
 
-        self._step = train_step
+        @tf.function(jit_compile=False, reduce_retracing=True)
+        def part_gradients(x, y, weight):  # this rank's part, weighted by its share of the batch
+            with tf.GradientTape() as tape:
+                loss = self.loss_fn(y, self.model(x, training=True))
+            grads = tape.gradient(loss, variables)
+            return tf.concat([tf.reshape(g * weight, [-1]) for g in grads] + [tf.reshape(loss * weight, [1])], 0)
+
+        @tf.function(jit_compile=False, reduce_retracing=True)
+        def apply(flat):
+            grads, at = [], 0
+            for v in variables:
+                size = int(np.prod(v.shape))
+                grads.append(tf.reshape(flat[at:at + size], v.shape))
+                at += size
+            self.optimizer.apply_gradients(zip(grads, variables))
+
+        self._step, self._part_gradients, self._apply = train_step, part_gradients, apply
+
+    def _data_parallel_step(self, images: np.ndarray, labels: np.ndarray) -> float:
+        """One update of a member on g ranks: weighted gradients of this rank's part, summed over
+        the member's ranks (= the whole batch's mean gradient), the same update applied on each."""
+        from mpi4py import MPI
+
+        part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
+        weight = np.float32((part.stop - part.start) / len(images))
+        flat = self._part_gradients(images[part], labels[part], weight).numpy()
+        total = np.empty_like(flat)
+        self.group.Allreduce(flat, total, op=MPI.SUM)
+        self._apply(total[:-1])
+        return float(total[-1])
 
     def step(self, images: np.ndarray, labels: np.ndarray) -> dict:
         if self.dequantize is not None:
             images = self.dequantize(images)
-        loss = float(self._step(images, labels.astype(np.int32)))
+        labels = labels.astype(np.int32)
+        loss = self._data_parallel_step(images, labels) if self.group else float(self._step(images, labels))
         if not np.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss}; lower --lr")
         return {"loss": loss}
 
 
-def make_consumer(cfg, num_classes: int, member: int, dequantize=None):
+def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=None):
+    """The consumer of ensemble member ``member``; ``group``: its ranks' communicator when it is
+    data-parallel (``cfg.data_parallel`` > 1; every rank of a member builds the same model)."""
     if cfg.consumer == "peak":
         return PeakConsumer()
-    if cfg.consumer == "emulated":  # --slow-member RANK:FACTOR slows one member's accelerator
+    if cfg.consumer == "emulated":  # --slow-member M:FACTOR slows one member's accelerators
         slow = cfg.slow_member is not None and cfg.slow_member[0] == member
-        return EmulatedConsumer(cfg.rate / cfg.slow_member[1] if slow else cfg.rate)
+        return EmulatedConsumer(cfg.rate / cfg.slow_member[1] if slow else cfg.rate, group)
     return TrainConsumer(cfg.network, num_classes, cfg.image_size, cfg.lr_for(member),
-                         seed=cfg.seed * 1000 + member, dequantize=dequantize)
+                         seed=cfg.seed * 1000 + member, dequantize=dequantize, group=group)

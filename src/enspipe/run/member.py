@@ -57,9 +57,13 @@ def run(cfg: RunConfig) -> int:
         if cfg.scheme == AUTO:
             cfg = _planned(cfg, comm)
         scheme = make_scheme(cfg.scheme, n, cfg.preprocessors, cfg.global_batch)
-        if cfg.slow_member is not None and cfg.slow_member[0] >= n:
-            raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {n}",
-                              f"pass a rank below {n}")
+        g = cfg.data_parallel
+        if n % g:
+            raise ConfigError("data_parallel", f"{n} ranks do not make whole members of {g} ranks each",
+                              f"launch a multiple of {g} ranks (members x --data-parallel)")
+        if cfg.slow_member is not None and cfg.slow_member[0] >= n // g:
+            raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {n // g}",
+                              f"pass a member below {n // g}")
     except ConfigError as e:  # every rank reaches the same verdict: no collective needed
         if rank == 0:
             print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
@@ -243,7 +247,9 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     else:
         transport, pipeline = _enspipe_pipeline(cfg, comm, scheme, rank, manifest, preprocessing, where, events)
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
-    consumer = make_consumer(cfg, manifest.num_classes, rank, dequantize=dequantize)
+    # a data-parallel member's ranks all-reduce its gradients among themselves (collective: every rank splits)
+    group = comm.Split(cfg.member_of(rank), rank) if cfg.data_parallel > 1 else None
+    consumer = make_consumer(cfg, manifest.num_classes, cfg.member_of(rank), dequantize=dequantize, group=group)
     member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images),
                      DeliveryCounter(manifest.num_images), events, progress)
     started = time.time()
@@ -338,7 +344,7 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
         "rank": rank, "host": where.host, "role": job.scheme.role(rank), "host_rank": where.host_rank,
         "mpi_node": where.mpi_node, "cores": job.affinity, "sharing_cores": where.sharing_cores,
         "threads": where.threads, "share": list(job.scheme.share(rank, cfg.global_batch)),
-        "learning_rate": cfg.lr_for(rank) if cfg.consumer == "train" else None,
+        "member": cfg.member_of(rank), "learning_rate": cfg.lr_for(cfg.member_of(rank)) if cfg.consumer == "train" else None,
         "images": images, "images_preprocessed": w.preprocessed, "seconds": seconds,
         "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,

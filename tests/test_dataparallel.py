@@ -1,0 +1,60 @@
+"""Data-parallel members (``--data-parallel g``, FLEET's members on several accelerators): a
+member's g ranks split each shared batch and all-reduce gradients, which trains the same model as
+one rank on the whole batch."""
+import numpy as np
+import pytest
+
+from conftest import enspipe, step_values, summary
+from enspipe.run.consumers import batch_slice
+
+COMMON = ["--network", "tiny", "--batch-size", "8", "--steps", "6", "--warmup", "0", "--cores", "1",
+          "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums"]
+
+
+@pytest.mark.parametrize("size, g", [(8, 2), (8, 3), (7, 4), (5, 5), (32, 6)])
+def test_a_batch_splits_into_contiguous_parts_in_order(size, g):
+    parts = [batch_slice(size, g, j) for j in range(g)]
+    assert [i for p in parts for i in range(size)[p]] == list(range(size))
+    assert max(p.stop - p.start for p in parts) - min(p.stop - p.start for p in parts) <= 1
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_member_on_two_ranks_trains_as_one_rank_on_the_whole_batch(dataset, tmp_path):
+    one = enspipe("run", "--data", dataset, "--out", tmp_path / "one", "--consumer", "train", "--lr", "0.05", *COMMON, n=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = enspipe("run", "--data", dataset, "--out", tmp_path / "two", "--consumer", "train", "--lr", "0.05",
+                  "--scheme", "all_shared", "--data-parallel", "2", *COMMON, n=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    reference = step_values(tmp_path / "one", 0, "loss")
+    assert len(reference) == 6 and len(set(reference)) > 1  # it trains: the loss moves
+    for rank in (0, 1):  # both ranks saw the whole batch and report the member's loss
+        assert step_values(tmp_path / "two", rank, "batch_checksum") == step_values(tmp_path / "one", 0, "batch_checksum")
+        np.testing.assert_allclose(step_values(tmp_path / "two", rank, "loss"), reference, rtol=1e-4)
+    assert [r["member"] for r in summary(tmp_path / "two")["ranks"]] == [0, 0]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_two_emulated_members_of_two_ranks_each(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "emulated", "--rate", "400",
+                "--scheme", "multi_broadcast", "--preprocessors", "2", "--data-parallel", "2",
+                "--slow-member", "1:2", *COMMON, n=4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = summary(tmp_path)["ranks"]
+    assert [x["member"] for x in ranks] == [0, 0, 1, 1]
+    assert all(x["epochs"] == [] or x["epochs"][0]["missing"] == 0 for x in ranks)
+
+
+@pytest.mark.parametrize("args, n, says", [
+    (["--consumer", "peak", "--data-parallel", "2"], None, "--data-parallel"),
+    (["--consumer", "emulated", "--rate", "100", "--data-parallel", "2", "--scheme", "tfdata_service"], None,
+     "--data-parallel"),
+    (["--consumer", "emulated", "--rate", "100", "--data-parallel", "3", "--scheme", "all_shared"], 2,
+     "multiple of 3"),
+    (["--consumer", "emulated", "--rate", "100", "--data-parallel", "2", "--scheme", "all_shared",
+      "--slow-member", "1:2"], 2, "no member 1 among 1"),
+])
+def test_bad_data_parallel_options_exit_2(dataset, tmp_path, args, n, says):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, *COMMON, *args, n=n)
+    assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
