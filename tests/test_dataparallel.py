@@ -1,10 +1,12 @@
 """Data-parallel members (``--data-parallel g``, FLEET's members on several accelerators): a
 member's g ranks split each shared batch and all-reduce gradients, which trains the same model as
 one rank on the whole batch."""
+import json
+
 import numpy as np
 import pytest
 
-from conftest import enspipe, step_values, summary
+from conftest import enspipe, step_values, summary, with_option
 from enspipe.run.consumers import batch_slice
 
 COMMON = ["--network", "tiny", "--batch-size", "8", "--steps", "6", "--warmup", "0", "--cores", "1",
@@ -57,4 +59,39 @@ def test_two_emulated_members_of_two_ranks_each(dataset, tmp_path):
 ])
 def test_bad_data_parallel_options_exit_2(dataset, tmp_path, args, n, says):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, *COMMON, *args, n=n)
+    assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_flotilla_of_members_with_their_own_rates_widths_and_epochs(dataset, tmp_path):
+    """Three emulated members on 1, 2 and 1 accelerators at 100, 200 and 400 images/s, training 1,
+    2 and 1 epochs of 50 images in batches of 10: each trains its epochs (then its accelerators
+    idle), busy at least images / rate, and every rank still receives every batch."""
+    args = with_option(COMMON, "--batch-size", 10)
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, *with_option(args, "--steps", 10), "--consumer",
+                "emulated", "--member-rates", "100,200,400", "--data-parallel", "1,2,1", "--member-epochs", "1,2,1",
+                "--scheme", "all_shared", n=4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = summary(tmp_path)["ranks"]
+    assert [x["member"] for x in ranks] == [0, 1, 1, 2]
+    assert [x["trained_images"] for x in ranks] == [50, 100, 100, 50]
+    for x, least in zip(ranks, [50 / 100, 50 / 200, 50 / 200, 50 / 400]):  # a rank of member 1 trains half of each batch
+        assert least <= x["accelerator_busy_seconds"] < least + 1.0, x
+    assert all(x["epochs"][0]["missing"] == 0 and len(x["epochs"]) == 2 for x in ranks)
+    idle = [sum(e.get("idle", False) for e in map(json.loads, open(tmp_path / f"events.rank{rank:04d}.jsonl"))
+                if e["event"] == "step") for rank in range(4)]
+    assert idle == [5, 0, 0, 5]
+
+
+@pytest.mark.parametrize("args, n, says", [
+    (["--member-rates", "100,200", "--data-parallel", "1"], 3, "2 values for 3 members"),
+    (["--member-rates", "100,200", "--data-parallel", "1,2"], 2, "1+2 = 3 ranks are not the job's 2"),
+    (["--rate", "100", "--member-epochs", "2"], 2, "not a whole number of batches of 8"),
+    (["--rate", "100", "--member-epochs", "2,0"], None, "--member-epochs"),
+    (["--rate", "100", "--scaling-efficiency", "1.5"], None, "--scaling-efficiency"),
+])
+def test_bad_member_options_exit_2(dataset, tmp_path, args, n, says):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, *COMMON, "--consumer", "emulated", "--scheme",
+                "all_shared", *args, n=n)
     assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]

@@ -80,6 +80,8 @@ RANK: dict[str, str] = {
     "cores": "the cores it was pinned to", "sharing_cores": "whether it shares them with other members",
     "threads": "its thread pools' size", "share": "[lo, hi) of each global batch it preprocesses",
     "member": "the ensemble member it trains (--data-parallel g: g ranks per member, each on its part of a batch)",
+    "trained_images": "images its consumer trained on, every step (--member-epochs: none once they are done)",
+    "accelerator_busy_seconds": "seconds its consumer spent training, every step",
     "learning_rate": "its member's learning rate (train)", "images": "images delivered in the window",
     "images_preprocessed": "images its preprocess stage made in the window", "seconds": "window length",
     "images_per_second": "images / seconds", "cpu_seconds": "its process CPU-s in the window",

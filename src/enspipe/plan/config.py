@@ -54,6 +54,11 @@ def numbers(s: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
+def counts(s: str) -> tuple[int, ...]:
+    """Comma-separated integers >= 0 (``2`` or ``1,2,1``; the config's checks set the bound)."""
+    return tuple(positive_int(x) for x in s.split(","))
+
+
 def names(s: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in s.split(",") if x.strip())
 
@@ -143,10 +148,20 @@ class RunConfig:
     idle_watts: float = option(50.0, "power model: idle watts per node (idle + per-core watts x busy cores; its "
                                "results are labelled modelled)", parse=float)
     watts_per_core: float = option(10.0, "power model: watts per fully busy core", parse=float)
-    data_parallel: int = option(1, "accelerators (ranks) per member: a member is g consecutive ranks that split "
-                                "each delivered batch and all-reduce gradients (FLEET's data-parallel members; train "
-                                "or emulated consumers); the job's ranks are members x g", parse=positive_int,
-                                metavar="G")
+    data_parallel: tuple[int, ...] = option(
+        (1,), "accelerators (ranks) per member, G for every member or G1,G2,... one per member: a member is "
+        "consecutive ranks that split each delivered batch and all-reduce gradients (FLEET's data-parallel "
+        "members; train or emulated consumers); the job's ranks are their sum", parse=counts, metavar="G[,G...]")
+    member_rates: tuple[float, ...] | None = option(
+        None, "emulated only, a heterogeneous ensemble: each member's one-accelerator rate rc (R1,R2,...) "
+        "instead of --rate", parse=numbers, metavar="R[,R...]")
+    member_epochs: tuple[int, ...] | None = option(
+        None, "each member's epochs to train (E1,E2,...; one value: every member's): a member that has trained "
+        "its epochs leaves its accelerators idle while the others go on, as in a FLEET flotilla; the dataset "
+        "must be a whole number of batches", parse=counts, metavar="E[,E...]")
+    scaling_efficiency: float = option(
+        1.0, "emulated data-parallel members: the share of the linear speed-up kept per doubling of "
+        "accelerators (a member on g runs at rc x g x e^log2(g))", parse=float)
     slow_member: tuple[int, float] | None = option(
         None, "RANK:FACTOR: member RANK's emulated accelerators are FACTOR times slower than the others' "
         "(emulated only): enspipe's members keep lockstep at its pace, the tf.data service lets the others "
@@ -186,7 +201,7 @@ class RunConfig:
                  "224 is the paper's size; tests may use 32..128")
         _require(self.preprocessors is None or self.preprocessors >= 1, "preprocessors",
                  f"must be >= 1, got {self.preprocessors}", "pass P >= 1")
-        if self.consumer == "emulated":
+        if self.consumer == "emulated" and self.member_rates is None:
             _require(self.rate is not None and self.rate > 0, "rate",
                      "the emulated consumer needs the accelerator rate rc > 0 in images/s",
                      "pass --rate R (e.g. the paper's K20X rate for the network)")
@@ -195,18 +210,30 @@ class RunConfig:
                      "pass a positive rate or leave it out")
         _require(len(self.lrs) >= 1 and all(lr > 0 for lr in self.lrs), "lr",
                  f"learning rates must be positive, got {list(self.lrs)}", "pass e.g. --lr 0.01,0.02")
-        _require(self.data_parallel >= 1, "data_parallel", f"must be >= 1, got {self.data_parallel}",
-                 "pass the accelerators per member, e.g. --data-parallel 2")
-        if self.data_parallel > 1:
+        _require(len(self.data_parallel) >= 1 and min(self.data_parallel) >= 1, "data_parallel",
+                 f"every member needs >= 1 accelerator, got {list(self.data_parallel)}",
+                 "pass e.g. --data-parallel 2 or 1,2,1")
+        if max(self.data_parallel) > 1:
             _require(self.consumer in ("train", "emulated"), "data_parallel", f"splits a batch between the "
                      f"accelerators of a member; the {self.consumer} consumer has none",
                      "pass --consumer train or emulated, or leave --data-parallel out")
             _require(self.scheme not in SCHEME_KINDS or not SCHEME_KINDS[self.scheme].service, "data_parallel",
                      "the tf.data service gives each rank its own stream, so a member's ranks would not split "
                      "one batch", "use an enspipe scheme, or leave --data-parallel out")
-            _require(self.batch_size is None or self.batch_size >= self.data_parallel, "data_parallel",
-                     f"each of the {self.data_parallel} ranks needs at least one image of the batch of "
-                     f"{self.batch_size}", "raise --batch-size or lower --data-parallel")
+            _require(self.batch_size is None or self.batch_size >= max(self.data_parallel), "data_parallel",
+                     f"each of a member's {max(self.data_parallel)} ranks needs at least one image of the batch "
+                     f"of {self.batch_size}", "raise --batch-size or lower --data-parallel")
+        if self.member_rates is not None:
+            _require(self.consumer == "emulated", "member_rates", f"sets emulated accelerators' rates; the "
+                     f"consumer is {self.consumer}", "pass --consumer emulated, or leave --member-rates out")
+            _require(all(math.isfinite(r) and r > 0 for r in self.member_rates), "member_rates",
+                     f"every rate must be finite and > 0, got {list(self.member_rates)}", "pass e.g. 40,120,400")
+        _require(self.member_epochs is None or not self.skip_corrupt, "member_epochs", "an epoch with skipped "
+                 "records ends inside a batch", "leave --on-corrupt skip or --member-epochs out")
+        _require(self.member_epochs is None or min(self.member_epochs) >= 1, "member_epochs",
+                 f"every member trains >= 1 epoch, got {list(self.member_epochs or ())}", "pass e.g. 2,6,3")
+        _require(math.isfinite(self.scaling_efficiency) and 0 < self.scaling_efficiency <= 1, "scaling_efficiency",
+                 f"must be in (0, 1], got {self.scaling_efficiency}", "pass e.g. 0.9 (1.0: linear)")
         if self.slow_member is not None:
             rank, factor = self.slow_member
             _require(self.consumer == "emulated", "slow_member", f"slows an emulated accelerator; the consumer is "
@@ -296,9 +323,46 @@ class RunConfig:
     def total_steps(self) -> int:
         return self.warmup + self.steps
 
+    def member_ranks(self, n: int) -> list[range]:
+        """Each member's ranks among ``n`` (consecutive; ``data_parallel`` per member); raises
+        :class:`ConfigError` when they do not add up to ``n``."""
+        from enspipe.plan.errors import ConfigError
+
+        widths = self.data_parallel
+        if len(widths) == 1:
+            if n % widths[0]:
+                raise ConfigError("data_parallel", f"{n} ranks do not make whole members of {widths[0]} ranks each",
+                                  f"launch a multiple of {widths[0]} ranks (members x --data-parallel)")
+            widths = (widths[0],) * (n // widths[0])
+        elif sum(widths) != n:
+            raise ConfigError("data_parallel", f"the members' {'+'.join(map(str, widths))} = {sum(widths)} ranks are "
+                              f"not the job's {n}", f"launch {sum(widths)} ranks")
+        starts = [sum(widths[:m]) for m in range(len(widths))]
+        return [range(a, a + w) for a, w in zip(starts, widths)]
+
     def member_of(self, rank: int) -> int:
-        """The ensemble member a rank trains (its data-parallel group: ranks g·m .. g·m + g - 1)."""
-        return rank // self.data_parallel
+        """The ensemble member a rank trains (its data-parallel group of consecutive ranks)."""
+        if len(self.data_parallel) == 1:
+            return rank // self.data_parallel[0]
+        at = 0
+        for m, w in enumerate(self.data_parallel):
+            at += w
+            if rank < at:
+                return m
+        raise IndexError(f"rank {rank} is beyond the members' {at} ranks")
+
+    def accelerator_rate(self, member: int, width: int) -> float:
+        """One of an emulated member's accelerators' rate on its part of a batch: its rc (``--rate``
+        or its ``--member-rates`` entry, ``--slow-member`` slowed) x the scaling efficiency at ``width``."""
+        rc = self.member_rates[member] if self.member_rates else self.rate
+        if self.slow_member is not None and self.slow_member[0] == member:
+            rc /= self.slow_member[1]
+        return rc * self.scaling_efficiency ** math.log2(width)
+
+    def epochs_for(self, member: int) -> int | None:
+        if self.member_epochs is None:
+            return None
+        return self.member_epochs[0] if len(self.member_epochs) == 1 else self.member_epochs[member]
 
     def lr_for(self, member: int) -> float:
         return self.lrs[member % len(self.lrs)]
@@ -308,6 +372,8 @@ class RunConfig:
         d["lrs"] = list(self.lrs)
         d["power"] = list(self.power)
         d["slow_member"] = list(self.slow_member) if self.slow_member else None
+        for k in ("data_parallel", "member_rates", "member_epochs"):
+            d[k] = None if d[k] is None else list(d[k])
         d["batch_size"] = self.global_batch
         return d
 

@@ -10,8 +10,9 @@ member is g consecutive ranks, each given the whole delivered batch by the schem
 member trains on its contiguous part (:func:`batch_slice`) and the member's ranks all-reduce
 gradients (an mpi4py group communicator), each weighted by its part's share of the batch, so the
 update is the full batch's mean gradient: the same model as one accelerator on the whole batch,
-up to floating-point summation order. An emulated accelerator waits for its part at ``rate`` and
-then joins its member's all-reduce (the synchronisation is real; an all-reduce's transfer time on
+up to floating-point summation order. An emulated accelerator waits for its part at its rate
+(rc x the scaling efficiency at g, so the member runs at rc x g x efficiency(g)) and then joins
+its member's all-reduce (the synchronisation is real; an all-reduce's transfer time on
 a real interconnect is not modelled).
 """
 from __future__ import annotations
@@ -134,8 +135,7 @@ def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=Non
     data-parallel (``cfg.data_parallel`` > 1; every rank of a member builds the same model)."""
     if cfg.consumer == "peak":
         return PeakConsumer()
-    if cfg.consumer == "emulated":  # --slow-member M:FACTOR slows one member's accelerators
-        slow = cfg.slow_member is not None and cfg.slow_member[0] == member
-        return EmulatedConsumer(cfg.rate / cfg.slow_member[1] if slow else cfg.rate, group)
+    if cfg.consumer == "emulated":  # its rc, --slow-member's slowdown, the efficiency at its width
+        return EmulatedConsumer(cfg.accelerator_rate(member, 1 if group is None else group.Get_size()), group)
     return TrainConsumer(cfg.network, num_classes, cfg.image_size, cfg.lr_for(member),
                          seed=cfg.seed * 1000 + member, dequantize=dequantize, group=group)

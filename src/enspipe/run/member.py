@@ -57,13 +57,7 @@ def run(cfg: RunConfig) -> int:
         if cfg.scheme == AUTO:
             cfg = _planned(cfg, comm)
         scheme = make_scheme(cfg.scheme, n, cfg.preprocessors, cfg.global_batch)
-        g = cfg.data_parallel
-        if n % g:
-            raise ConfigError("data_parallel", f"{n} ranks do not make whole members of {g} ranks each",
-                              f"launch a multiple of {g} ranks (members x --data-parallel)")
-        if cfg.slow_member is not None and cfg.slow_member[0] >= n // g:
-            raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {n // g}",
-                              f"pass a member below {n // g}")
+        _check_members(cfg, n)
     except ConfigError as e:  # every rank reaches the same verdict: no collective needed
         if rank == 0:
             print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
@@ -75,6 +69,27 @@ def run(cfg: RunConfig) -> int:
     except BaseException as e:  # noqa: BLE001 - a failed rank takes the job down, fast
         _fail(cfg, comm, progress, f"rank {rank} failed: {type(e).__name__}: {e}", traceback.format_exc())
         return 1
+
+
+def _check_members(cfg: RunConfig, n: int) -> None:
+    """The options that name members, against the ``n`` ranks launched (data-parallel members
+    are several ranks each); raises :class:`ConfigError`."""
+    from enspipe.data.manifest import read_manifest
+
+    members = len(cfg.member_ranks(n))
+    for name, values in (("member_rates", cfg.member_rates), ("member_epochs", cfg.member_epochs)):
+        if values is not None and len(values) not in ({1, members} if name == "member_epochs" else {members}):
+            raise ConfigError(name, f"{len(values)} values for {members} members",
+                              f"pass one per member ({members}: the ranks over --data-parallel)")
+    if cfg.slow_member is not None and cfg.slow_member[0] >= members:
+        raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {members}",
+                          f"pass a member below {members}")
+    if cfg.member_epochs is not None:  # members leave at an epoch's end: it must end on a batch's
+        images = read_manifest(cfg.data).num_images
+        if images % cfg.global_batch:
+            raise ConfigError("member_epochs", f"the dataset's {images} images are not a whole number of "
+                              f"batches of {cfg.global_batch}, so an epoch ends inside a batch",
+                              "pick a --batch-size that divides it (or a dataset of a multiple of the batch)")
 
 
 def _planned(cfg: RunConfig, comm) -> RunConfig:
@@ -248,10 +263,12 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
         transport, pipeline = _enspipe_pipeline(cfg, comm, scheme, rank, manifest, preprocessing, where, events)
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     # a data-parallel member's ranks all-reduce its gradients among themselves (collective: every rank splits)
-    group = comm.Split(cfg.member_of(rank), rank) if cfg.data_parallel > 1 else None
+    group = comm.Split(cfg.member_of(rank), rank) if max(cfg.data_parallel) > 1 else None
     consumer = make_consumer(cfg, manifest.num_classes, cfg.member_of(rank), dequantize=dequantize, group=group)
+    epochs = cfg.epochs_for(cfg.member_of(rank))  # --member-epochs: then its accelerators idle
     member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images),
-                     DeliveryCounter(manifest.num_images), events, progress)
+                     DeliveryCounter(manifest.num_images), events, progress,
+                     until=None if epochs is None else epochs * manifest.num_images // cfg.global_batch)
     started = time.time()
     if monitor:
         monitor.mark("warmup_start", started)
@@ -357,6 +374,7 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
         "epochs": epochs, "partial_epoch": member.ledger.partial(),
         "skipped": [k for ks in skipped.values() for k in ks], "skipped_by_epoch": skipped,
         "short_epochs": short,
+        "trained_images": member.trained, "accelerator_busy_seconds": member.busy_seconds,
         "loss_first": member.losses[0] if member.losses else None,
         "loss_last": member.losses[-1] if member.losses else None,
         "device": getattr(job.consumer, "device", None),
@@ -487,8 +505,11 @@ class _Member:
     """One member's consumer side: takes its pipeline's batches, feeds its consumer, keeps the
     exactly-once ledger and logs one event per step; the measured steps' numbers accumulate."""
 
-    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, delivery, events, progress: dict):
+    def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, delivery, events, progress: dict,
+                 until: int | None = None):
         self.cfg, self.pipeline, self.consumer, self.ledger, self.events = cfg, pipeline, consumer, ledger, events
+        self.until = until  # the step from which its member has trained its epochs: its accelerators idle
+        self.trained, self.busy_seconds = 0, 0.0  # images trained on and seconds training, every step
         self.delivery = delivery  # what it saw, judged alike for every arm (DeliveryCounter)
         self.progress = progress
         self.fault = _injected_fault(rank)
@@ -512,8 +533,12 @@ class _Member:
         t_req = time.perf_counter()
         batch = self.pipeline.next_batch()
         t_got, cpu_got = time.perf_counter(), time.thread_time()
-        out = self.consumer.step(batch.images, batch.meta[:, 3])
+        idle = self.until is not None and step >= self.until
+        out = {"idle": True} if idle else self.consumer.step(batch.images, batch.meta[:, 3])
         t_done, cpu_done = time.perf_counter(), time.thread_time()
+        if not idle:
+            self.trained += len(batch)
+            self.busy_seconds += t_done - t_got
         self.ledger.add(batch.meta[:, 0], batch.meta[:, 1])
         self.delivery.add(batch.meta[:, 0], batch.meta[:, 2], batch.stream)
         if measured:
