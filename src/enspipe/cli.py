@@ -1,4 +1,5 @@
-"""``enspipe`` command line: make-dataset, convert, index, stage, run, calibrate-rc, calibrate-comm, idle-power, plan.
+"""``enspipe`` command line: make-dataset, convert, index, stage, run, calibrate-rc, calibrate-comm, idle-power, plan,
+ensemble.
 
 Each subcommand is one entry of :data:`COMMANDS`: its help, the function that declares its
 arguments and the function that runs it. Arguments are validated before any MPI or TensorFlow
@@ -239,6 +240,66 @@ def _plan(a: argparse.Namespace, fail: Fail) -> int:
     return run_plan(request, as_json=a.json, top=a.top)
 
 
+# -- ensemble: a heterogeneous ensemble in one arm's rounds (FLEET) -------------------------------
+def _ensemble_args(p: argparse.ArgumentParser) -> None:
+    from enspipe.plan.ensemble import ARMS
+
+    p.add_argument("--spec", required=True, help="the ensemble, YAML or JSON: members (name, rate, epochs), "
+                   "accelerators and optionally per_node, efficiency, replan_below, tolerance, seed")
+    p.add_argument("--arm", required=True, choices=ARMS, help="default: a pipeline per member; homogeneous: "
+                   "SC'18 sharing, G at a time; fleet: FLEET's flotillas")
+    p.add_argument("--data", required=True, help="the dataset (its images must be a whole number of batches)")
+    p.add_argument("--out", required=True, help="the arm's directory: a run per round, ensemble.json last")
+    p.add_argument("--batch-size", type=positive_int, required=True, help="the shared global batch")
+    p.add_argument("--seed", type=int, default=0, help="round k draws its epoch order from seed + k")
+    p.add_argument("--launcher", default=None, help="how a round's ranks start, e.g. 'srun' inside a Slurm "
+                   "allocation (default: the mpiexec beside this Python)")
+    p.add_argument("run_args", nargs=argparse.REMAINDER,
+                   help="after --: more `enspipe run` options for every round (e.g. --network tiny --image-size 64)")
+
+
+def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
+    import shlex
+
+    import yaml
+
+    from enspipe.data.manifest import DataError, read_manifest
+    from enspipe.plan.ensemble import Ensemble, plan_rounds
+    from enspipe.run.ensemble import round_command, run_arm
+
+    run_args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
+    try:
+        with open(a.spec) as f:
+            spec = yaml.safe_load(f)
+        if not isinstance(spec, dict):
+            raise ConfigError("spec", f"{a.spec} holds no mapping", "write members: [...] and accelerators: G")
+        ens = Ensemble.from_dict(spec)
+        images = read_manifest(a.data).num_images
+        if images % a.batch_size:
+            raise ConfigError("batch_size", f"the dataset's {images} images are not a whole number of batches of "
+                              f"{a.batch_size} (members leave at an epoch's end)", "pick a batch size that divides it")
+        rounds = plan_rounds(ens, a.arm, images)
+        for r in rounds:  # every round's run options checked before the first starts
+            cmd = round_command(ens, r, a.data, a.out, images // a.batch_size, a.seed,
+                                ["--batch-size", str(a.batch_size), *run_args], [])
+            config_from_args(build_parser().parse_args(cmd[cmd.index("run"):]))
+    except (OSError, yaml.YAMLError, DataError) as e:
+        fail(f"--spec/--data: {e}")
+    except ConfigError as e:
+        fail(str(e))
+    launcher = shlex.split(a.launcher) if a.launcher else None
+    try:
+        record = run_arm(ens, a.arm, a.data, a.out, a.batch_size, images, a.seed,
+                         ["--batch-size", str(a.batch_size), *run_args], launcher, say=_say)
+    except RuntimeError as e:
+        print(f"enspipe ensemble: {e}", file=sys.stderr)
+        return 1
+    _say(f"{a.arm}: makespan {record['makespan_seconds'] or float('nan'):.1f} s (model "
+         f"{record['predicted_makespan_seconds']:.1f} s), accelerators busy "
+         f"{(record['accelerator_busy_fraction'] or 0):.0%} (emulated) -> {a.out}")
+    return 0
+
+
 def _idle_power_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the idle-power JSON file to write")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to sample (keep the node idle)")
@@ -274,6 +335,8 @@ COMMANDS: dict[str, Command] = {
                           _idle_power, show_defaults=True),
     "plan": Command("rank the schemes and P for an ensemble from measured costs (the cost model)", _plan_args,
                     _plan, show_defaults=True),
+    "ensemble": Command("train a heterogeneous ensemble (emulated accelerators) in one arm's rounds: default, "
+                        "homogeneous or fleet", _ensemble_args, _ensemble, show_defaults=True),
 }
 
 

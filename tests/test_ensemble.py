@@ -1,0 +1,139 @@
+"""A heterogeneous ensemble trained in one arm's rounds (issue 19): the rounds each arm plans
+(pure), and the runner's real rounds under mpiexec with emulated accelerators, resumed after a
+kill without redoing a finished round."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import enspipe
+from enspipe.plan.ensemble import ARMS, Ensemble, EnsembleMember, plan_rounds, predicted_makespan
+from enspipe.plan.errors import ConfigError
+
+SIX = Ensemble(tuple(EnsembleMember(n, r, e) for n, r, e in
+                     [("a", 200, 2), ("b", 150, 6), ("c", 60, 3), ("d", 40, 4), ("e", 25, 2), ("f", 20, 5)]), 4)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_every_arm_trains_every_member_its_epochs_within_the_accelerators(arm):
+    rounds = plan_rounds(SIX, arm, 256)
+    trained = {i: 0 for i in range(6)}
+    for r in rounds:
+        assert r.ranks <= SIX.accelerators and min(r.widths) >= 1 and len(set(r.members)) == len(r.members)
+        for i, e in zip(r.members, r.epochs):
+            trained[i] += e
+    assert trained == {i: m.epochs for i, m in enumerate(SIX.members)}
+    if arm != "fleet":
+        assert all(set(r.widths) == {1} for r in rounds)
+
+
+def test_fleet_replans_when_too_few_accelerators_stay_busy_and_beats_both_arms_in_the_model():
+    rounds = plan_rounds(SIX, "fleet", 256)
+    for r in rounds:  # a round stops at the first epoch end where fewer than 0.8 G would stay busy
+        stop = max(r.epochs)
+        assert sum(g for g, e in zip(r.widths, r.epochs) if e >= stop) >= 1
+        for k in range(1, stop):
+            assert sum(g for g, e in zip(r.widths, r.epochs) if e > k) >= 0.8 * SIX.accelerators
+    assert all(sum(r.widths) == SIX.accelerators for r in rounds)  # the greedy hands out every accelerator
+    fleet, default, homog = (predicted_makespan(SIX, a, plan_rounds(SIX, a, 256)) for a in ("fleet", "default", "homogeneous"))
+    assert fleet < default < homog
+
+
+def test_the_default_arm_is_list_scheduled_and_homogeneous_waits_for_each_group():
+    two = Ensemble((EnsembleMember("slow", 10, 1), EnsembleMember("fast", 100, 1), EnsembleMember("x", 100, 1)), 2)
+    assert predicted_makespan(two, "default", plan_rounds(two, "default", 100)) == pytest.approx(10.0)
+    rounds = plan_rounds(two, "homogeneous", 100)
+    assert [len(r.members) for r in rounds] == [2, 1]
+    assert predicted_makespan(two, "homogeneous", rounds) == pytest.approx(sum(r.predicted_seconds for r in rounds))
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"members": [], "accelerators": 2}, "members"),
+    ({"members": [{"name": "a", "rate": 10, "epochs": 0}], "accelerators": 2}, "members"),
+    ({"members": [{"name": "a", "rate": 10}], "accelerators": 2}, "members"),
+    ({"members": [{"name": "a", "rate": 10, "epochs": 1}] * 2, "accelerators": 2}, "members"),
+    ({"members": [{"name": "a", "rate": 10, "epochs": 1}], "accelerators": 0}, "accelerators"),
+    ({"members": [{"name": "a", "rate": 10, "epochs": 1}], "accelerators": 2, "alpha": 1}, "ensemble"),
+])
+def test_a_bad_ensemble_is_refused_naming_the_field(spec, field):
+    with pytest.raises(ConfigError) as e:
+        Ensemble.from_dict(spec)
+    assert e.value.field == field
+
+
+SPEC = {"accelerators": 2, "members": [{"name": "quick", "rate": 60, "epochs": 1},
+                                       {"name": "slow", "rate": 15, "epochs": 2},
+                                       {"name": "mid", "rate": 30, "epochs": 1}]}
+RUN = ["--", "--network", "tiny", "--image-size", "32", "--shuffle-buffer", "16", "--cores", "1"]
+
+
+def _ensemble(spec_path, data, out, arm="fleet", batch=10):
+    return [sys.executable, "-m", "enspipe", "ensemble", "--spec", spec_path, "--arm", arm, "--data", data,
+            "--out", out, "--batch-size", str(batch), *RUN]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_fleet_arm_runs_its_rounds_and_a_killed_arm_resumes_without_redoing_one(dataset, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    out = tmp_path / "fleet"
+    rounds = plan_rounds(Ensemble.from_dict(SPEC), "fleet", 50)
+    assert len(rounds) >= 2
+    first = out / "round00" / "summary.json"
+    proc = subprocess.Popen(_ensemble(spec, dataset, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert first.exists(), "the first round never finished"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the round it had started next
+    proc.wait()
+    assert not (out / "ensemble.json").exists()
+    kept = first.stat().st_mtime_ns
+    r = subprocess.run(_ensemble(spec, dataset, out), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert first.stat().st_mtime_ns == kept  # the finished round was kept, not rerun
+    rec = json.loads((out / "ensemble.json").read_text())
+    assert rec["emulated"] and 0 in rec["resumed_rounds"] and rec["makespan_seconds"] is None
+    trained = {}
+    for t in rec["timeline"]:
+        trained[t["member"]] = trained.get(t["member"], 0) + t["trained_images"]
+        assert t["busy_seconds"] >= t["trained_images"] / (t["width"] * 60) * 0.99  # no faster than its rate
+    assert trained == {"quick": 50, "slow": 100, "mid": 50}  # every epoch once, across the rounds
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_default_arm_runs_members_side_by_side(dataset, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    r = subprocess.run(_ensemble(spec, dataset, tmp_path / "d", "default"), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((tmp_path / "d" / "ensemble.json").read_text())
+    walls = sorted(x["wall"] for x in rec["rounds"])
+    assert walls[1][0] < walls[0][1]  # the first two members ran at once, on the two accelerators
+    assert 0 < rec["accelerator_busy_fraction"] <= 1 and rec["makespan_seconds"] > 0
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--batch-size", "8"], "--batch-size"),       # 50 images are not whole batches of 8
+    (["--batch-size", "10", "--", "--network", "nope"], "--network"),
+])
+def test_bad_ensemble_options_exit_2_before_any_round(dataset, tmp_path, extra, says):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    r = enspipe("ensemble", "--spec", spec, "--arm", "fleet", "--data", dataset, "--out", tmp_path / "o", *extra)
+    assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_spec_exits_2(dataset, tmp_path):
+    r = enspipe("ensemble", "--spec", tmp_path / "none.yaml", "--arm", "fleet", "--data", dataset, "--out",
+                tmp_path / "o", "--batch-size", "10")
+    assert r.returncode == 2 and "--spec" in r.stderr
+
