@@ -23,6 +23,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/calibration.smk"
 include: "workflow/rules/power.smk"
 include: "workflow/rules/cells.smk"
+include: "workflow/rules/ensemble.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/figures.smk"
 

@@ -137,3 +137,14 @@ def test_a_missing_spec_exits_2(dataset, tmp_path):
                 tmp_path / "o", "--batch-size", "10")
     assert r.returncode == 2 and "--spec" in r.stderr
 
+
+
+def test_the_paper_scale_is_simulated_by_the_same_allocator():
+    from enspipe.report.heterogeneous import PAPER_FIG5, paper_scale
+
+    t = paper_scale(accelerators=(20, 80, 160))
+    assert list(t["accelerators"]) == [20, 80, 160] and (t["members"] == 100).all()
+    assert t["source"].str.startswith("simulated").all()
+    assert (t[["default_s", "homogeneous_s", "fleet_s"]] > 0).all().all()
+    assert (t["fleet_over_homogeneous"] > 1).all()  # lockstep groups wait for their slowest member
+    assert t["paper_fleet_over_default"].tolist() == [PAPER_FIG5[g][1] for g in (20, 80, 160)]

@@ -223,3 +223,24 @@ def test_planner_finding():
     t = run(540)["planner"].iloc[0]
     assert t["best_measured"] == "single_broadcast (P=1)" and t["chosen"] == "single_broadcast (P=1)"
     assert t["candidates"] == 3 and round(t["rate_vs_best"], 3) == round(540 / 560, 3)
+
+
+def test_fleet_finding():
+    from enspipe.report.heterogeneous import arms_table
+
+    def record(arm, makespan, free):
+        return {"arm": arm, "members": [{}] * 6, "accelerators": 4, "rounds": [{}], "makespan_seconds": makespan,
+                "launch_free_makespan_seconds": free, "predicted_makespan_seconds": free,
+                "accelerator_busy_fraction": 0.5, "cpu_seconds": 1.0, "node_cpu_seconds": 1.0, "energy_joules": 1.0,
+                "resumed_rounds": []}
+
+    def t(fleet_free):
+        recs = {a: record(a, m, f) for a, m, f in [("default", 200, 150), ("homogeneous", 250, 210),
+                                                    ("fleet", 220, fleet_free)]}
+        return {"heterogeneous": arms_table(recs)}
+
+    assert holds(findings.fleet_finding, **t(120)) == YES   # below both without the launches
+    assert holds(findings.fleet_finding, **t(180)) == NO    # slower than the default arm
+    row = findings.verdict(findings.fleet_finding, cells(), t(120))
+    assert "1.25x over default" in row["this_run"] and "1.75x over homogeneous" in row["this_run"]
+    assert holds(findings.fleet_finding, heterogeneous=arms_table({})) == "no data"

@@ -48,6 +48,23 @@ PAPER_CONFIG = os.path.join(workflow.basedir, "config", "paper.yaml")  # its mod
 IDLE = "results/idle/power.json"
 TABLE = "results/tables/cells.csv"
 SLURM = config.get("slurm", {})
+HET = config.get("heterogeneous")  # a heterogeneous ensemble (FLEET), trained by each of its arms
+HET_DATA = "results/heterogeneous/dataset"
+ENSEMBLES = []
+if HET:
+    from enspipe.plan.ensemble import ARMS, Ensemble  # noqa: E402
+    from enspipe.plan.errors import ConfigError  # noqa: E402
+
+    try:
+        Ensemble.from_dict(HET["ensemble"])
+    except ConfigError as e:
+        raise WorkflowError(f"config: heterogeneous.ensemble: {e}") from None
+    if HET["num_images"] % HET["batch_size"]:
+        raise WorkflowError(
+            f"config: heterogeneous: num_images {HET['num_images']} is not a whole number of batches of "
+            f"{HET['batch_size']} (members leave at an epoch's end); make it a multiple"
+        )
+    ENSEMBLES = [f"results/heterogeneous/{arm}/ensemble.json" for arm in HET.get("arms", ARMS)]
 
 
 wildcard_constraints:

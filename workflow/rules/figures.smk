@@ -9,6 +9,7 @@ rule figures:
         lag="results/tables/lag.csv",
         comm=COMM,
         paper=PAPER_CONFIG,
+        ensembles=ENSEMBLES,
     output:
         figures.workflow_outputs(report),  # the registry in src/enspipe/report/figures.py
     conda:

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from enspipe.report import findings, predicted, tables
+from enspipe.report import findings, heterogeneous, predicted, tables
 from enspipe.common.atomic import atomic_open
 from enspipe.report.tables import provenance, scheme_order
 
@@ -45,6 +45,7 @@ class Inputs:
     rates: dict | None
     idle: dict | None
     lag: pd.DataFrame | None = None  # the lag cells' members (collect.lag_rows), where the workflow ran them
+    ensembles: dict | None = None     # arm -> enspipe ensemble's ensemble.json, where the workflow ran them
 
     @property
     def source(self) -> str:  # where the training cells' numbers came from
@@ -375,6 +376,51 @@ def paper_grid_figure(curves: pd.DataFrame, meta: dict | None, path_stem: str) -
           f"{c['inter_node_bandwidth'] / 1e9:g} GB/s between nodes ({c['source']}).")
 
 
+def arms_figure(t: pd.DataFrame, path_stem: str) -> None:
+    """The heterogeneous ensemble's makespan per arm: with the rounds' launches, without them, and
+    the time model's; the accelerator-busy fraction on each arm's bar."""
+    title = "A heterogeneous ensemble: makespan per arm (emulated accelerators)"
+    if t.empty:
+        return _no_data(path_stem, title, "no heterogeneous experiment in the config")
+    fig, ax = _plt().subplots(figsize=(7, 4), layout="constrained")
+    cols = [("makespan_s", "measured, launches included"), ("launch_free_makespan_s", "measured, without launches"),
+            ("model_makespan_s", "time model")]
+    x = np.arange(len(t))
+    for k, (col, label) in enumerate(cols):
+        bars = ax.bar(x + (k - 1) * 0.27, t[col].astype(float), 0.27, label=label, color=f"C{k}")
+        if k == 0:
+            for b, busy in zip(bars, t["accelerator_busy_fraction"]):
+                if pd.notna(busy):
+                    ax.annotate(f"busy {busy:.0%}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
+                                va="bottom", fontsize=7)
+    ax.set(xticks=x, xticklabels=t["arm"], ylabel="seconds", title=title)
+    ax.legend(fontsize=7)
+    _save(fig, path_stem, f"{int(t['members'].iloc[0])} members, {int(t['accelerators'].iloc[0])} EMULATED "
+          "accelerators; busy: accelerator-busy fraction of the makespan with launches.")
+
+
+def timeline_figure(t: pd.DataFrame, path_stem: str) -> None:
+    """The fleet arm's timeline: each member's training on its accelerators (one row each), the
+    rounds (flotillas; a round's end is every member's checkpoint) as shaded spans."""
+    title = "FLEET's flotillas: which member trained on which accelerators, when"
+    if t.empty or t["start"].isna().all():
+        return _no_data(path_stem, title, "no fleet arm in the heterogeneous experiment")
+    fig, ax = _plt().subplots(figsize=(9, 3.6), layout="constrained")
+    colours = {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(t["member"]))}
+    for r in t.itertuples():
+        for acc in (r.accelerators or []):
+            ax.barh(acc, r.end - r.start, left=r.start, color=colours[r.member], edgecolor="k", lw=0.4)
+            ax.text(r.start + (r.end - r.start) / 2, acc, r.member, ha="center", va="center", fontsize=6)
+    for k, (_, g) in enumerate(t.groupby("round")):
+        ax.axvspan(g["start"].min(), g["end"].max(), color="0.93" if k % 2 else "0.85", zorder=0)
+    accs = sorted({a for r in t["accelerators"] for a in (r or [])})
+    ax.set(yticks=accs, yticklabels=[f"acc {a}" for a in accs], xlabel="seconds since the arm began", title=title,
+           xlim=(0, None))
+    ax.invert_yaxis()
+    _save(fig, path_stem, "EMULATED accelerators. Shaded spans: rounds (flotillas); between them every member "
+          "checkpoints and the allocator re-plans (here a new job starts, which the gaps show).")
+
+
 def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
     """Fig. 14: node power over time, All-Shared vs baseline (AlexNet where present, full cores,
     the largest n), from each cell's headline energy source; the idle power as a line."""
@@ -405,7 +451,8 @@ def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
 
 # -- everything -----------------------------------------------------------------------------------
 def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_dir: str,
-           lag_csv: str | None = None, comm_json: str | None = None, paper_config: str | None = None) -> list[str]:
+           lag_csv: str | None = None, comm_json: str | None = None, paper_config: str | None = None,
+           ensemble_jsons: list[str] | None = None) -> list[str]:
     """Render every output of :data:`OUTPUTS` into ``out_dir``; returns the paths written."""
     import yaml
 
@@ -428,16 +475,20 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
         with open(paper_config) as f:
             paper = yaml.safe_load(f)
     derived["paper_curves"], derived["paper_crossings"], derived["paper_model"] = predicted.paper_grid(paper)
-    ins = Inputs(df, derived, rates, idle, lag)
+    ensembles = {r["arm"]: r for r in map(_json, ensemble_jsons or []) if r}
+    derived["heterogeneous"] = heterogeneous.arms_table(ensembles)
+    derived["timeline"] = heterogeneous.timeline_rows(ensembles.get("fleet"))
+    derived["paper_scale"] = heterogeneous.paper_scale()
+    ins = Inputs(df, derived, rates, idle, lag, ensembles)
     os.makedirs(out_dir, exist_ok=True)
     for o in OUTPUTS.values():
         o.write(ins, os.path.join(out_dir, o.name))
     return [os.path.join(out_dir, f"{o.name}.{ext}") for o in OUTPUTS.values() for ext in o.formats]
 
 
-ALONE, PEAK, CPU, LIMITS, ENERGY, PAPER, PEER, MODEL = (
+ALONE, PEAK, CPU, LIMITS, ENERGY, PAPER, PEER, MODEL, FLEET = (
     "1 One member alone", "2 Peak throughput", "3 CPU", "4 Core limits", "5 Energy", "0 Paper vs this run",
-    "6 The tf.data service", "7 The cost model")
+    "6 The tf.data service", "7 The cost model", "8 Heterogeneous ensembles (FLEET)")
 
 
 @output("fig03_queue_occupancy", FIG, ALONE)
@@ -575,6 +626,31 @@ def _planner(ins: Inputs, stem: str) -> None:
                 "scheme: auto: the scheme and P the plan chose for each auto cell when it started, its measured "
                 "images/s per member and CPU-s per delivered image, beside the best of enspipe's schemes the grid "
                 f"measured in the same setting (medians over repeats). {provenance(ins.df)}")
+
+
+@output("heterogeneous_arms", FIG + TAB, FLEET)
+def _heterogeneous_arms(ins: Inputs, stem: str) -> None:
+    t = ins.tables["heterogeneous"]
+    arms_figure(t, stem)
+    write_table(t, stem, "A heterogeneous ensemble (config heterogeneous) trained by each arm, accelerators EMULATED: "
+                "makespan from the first launch to the last exit (each round is one MPI job here), without the "
+                "rounds' launches (their training times, scheduled as they ran), and the time model's; accelerator-"
+                "busy fraction, CPU-s of the runs' processes and node CPU-s (mpstat/psutil), energy (per round, "
+                "its source in the runs' summaries); *_over_fleet: each arm's makespan over fleet's.")
+
+
+@output("heterogeneous_timeline", FIG, FLEET)
+def _heterogeneous_timeline(ins: Inputs, stem: str) -> None:
+    timeline_figure(ins.tables["timeline"], stem)
+
+
+@output("fleet_paper_scale_simulated", TAB, FLEET)
+def _paper_scale(ins: Inputs, stem: str) -> None:
+    write_table(ins.tables["paper_scale"], stem,
+                "SIMULATED, nothing trained: the paper's scale (100 members with one-accelerator rates 21-176 "
+                "images/s and 10-24 epochs, as in its Fig. 8; 4 accelerators per node; Caltech256's 30,606 "
+                "images per epoch) planned by the same allocator and timed by its lockstep model, each arm's "
+                "makespan and FLEET's speed-ups, beside the paper's measured ones (Fig. 5).")
 
 
 @output("paper_vs_run", TAB, PAPER)

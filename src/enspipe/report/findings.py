@@ -414,3 +414,31 @@ def planner_finding(df, t):
     parts = [f"{r.network} n={r.n} c={r.cores} {r.consumer}: chose {r.chosen} {r.chosen_rate:.0f} img/s vs best "
              f"{r.best_measured} {r.best_rate:.0f} ({r.rate_vs_best:.2f}x)" for r in p.itertuples()]
     return Verdict("; ".join(parts), holds, "planner_choices.csv")
+
+
+# -- heterogeneous ensembles (FLEET, the group's follow-up) ----------------------------------------
+@finding("FLEET (MLSys 2020), Fig. 5", "FLEET's flotillas train a heterogeneous ensemble faster than a pipeline per "
+         "member (default) and than SC'18 sharing (homogeneous)",
+         "1.12-1.92x over default, 1.23-1.97x over homogeneous (100 DNNs, 20-160 GPUs)",
+         "fleet's makespan without the rounds' launches below both other arms' (each round is a job here; FLEET "
+         "reallocates inside one)")
+def fleet_finding(df, t):
+    from enspipe.report.heterogeneous import speedups
+
+    arms, scale = t.get("heterogeneous"), t.get("paper_scale")
+    free = speedups(arms, "launch_free_makespan_s") if arms is not None else None
+    if free is None:
+        return None
+    launched = speedups(arms, "makespan_s")
+    fleet = arms.set_index("arm").loc["fleet"]
+    sim = ""
+    if scale is not None and len(scale):
+        sim = (f"; SIMULATED, 100 members on {scale['accelerators'].min()}-{scale['accelerators'].max()} accelerators: "
+               f"{scale['fleet_over_default'].min():.2f}-{scale['fleet_over_default'].max():.2f}x over default, "
+               f"{scale['fleet_over_homogeneous'].min():.2f}-{scale['fleet_over_homogeneous'].max():.2f}x over "
+               "homogeneous")
+    return Verdict(f"{int(fleet['members'])} members on {int(fleet['accelerators'])} emulated accelerators: "
+                   f"{free['default']:.2f}x over default, {free['homogeneous']:.2f}x over homogeneous without the "
+                   f"rounds' launches; {launched['default']:.2f}x and {launched['homogeneous']:.2f}x with them{sim}",
+                   free["default"] > 1 and free["homogeneous"] > 1,
+                   "heterogeneous_arms.csv, fleet_paper_scale_simulated.csv; emulated accelerators")

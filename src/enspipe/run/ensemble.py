@@ -9,7 +9,8 @@ rounds run one after another; ``default`` rounds (one member, its own pipeline) 
 once, an accelerator taking the next member when it frees up.
 
 The arm's record (``ensemble.json``, written atomically when the arm is done) holds the makespan
-(from the first launch to the last exit, launches included), each round's wall time and its
+(from the first launch to the last exit, launches included), the launch-free makespan (the rounds'
+training times, scheduled as they ran: what an in-job reallocation would approach), each round's wall time and its
 training time (first to last step, without the launch), each member's start and end on its
 accelerators (the timeline), the accelerator-busy fraction, the processes' CPU-s, node CPU-s
 (mpstat or psutil, per round; concurrent ``default`` rounds see each other, so there it is
@@ -110,6 +111,14 @@ def _member_span(rdir: str, rank: int) -> tuple[float | None, float | None]:
     return first, last
 
 
+def _list_schedule(durations: list[float], slots: int) -> float:
+    free = [0.0] * slots
+    for d in durations:
+        free.sort()
+        free[0] += d
+    return max(free)
+
+
 def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict, resumed: list[int],
             t0: float, makespan: float, num_images: int) -> dict:
     rows, timeline = [], []
@@ -144,7 +153,10 @@ def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict,
         "num_images": num_images, "efficiency": ens.efficiency, "replan_below": ens.replan_below,
         "tolerance": ens.tolerance, "resumed_rounds": resumed,
         "makespan_seconds": makespan if not resumed else None,
-        "train_seconds": sum(x["train_seconds"] for x in rows) if not concurrent else None,
+        # without the rounds' launches (a job per round here; FLEET's runtime reallocates inside one):
+        # the rounds' training times one after another, or (default) list-scheduled on G as they ran
+        "launch_free_makespan_seconds": _list_schedule([x["train_seconds"] for x in rows],
+                                                       ens.accelerators if arm == "default" else 1),
         "predicted_makespan_seconds": predicted_makespan(ens, arm, rounds),
         "accelerator_busy_fraction": busy / (ens.accelerators * makespan) if makespan > 0 and not resumed else None,
         "accelerator_busy_seconds": busy, "cpu_seconds": cpu,
