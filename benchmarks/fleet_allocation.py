@@ -20,7 +20,6 @@ and how long the greedy and the exact solver took.
 from __future__ import annotations
 
 import argparse
-import heapq
 import os
 import random
 import statistics
@@ -29,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+from enspipe.plan.ensemble import list_schedule  # noqa: E402
 from enspipe.plan.fleet import (Member, efficiency_per_doubling, emulated_profile, flotilla_time,  # noqa: E402
                                 greedy_schedule, optimal_schedule, schedule_time)
 
@@ -39,11 +39,7 @@ def instance(rng: random.Random, n: int, m: int) -> list[Member]:
 
 
 def default_time(members: list[Member], m: int) -> float:
-    free = [0.0] * m
-    for mem in members:
-        t = heapq.heappop(free)
-        heapq.heappush(free, t + mem.work / mem.profile.rate(1))
-    return max(free)
+    return list_schedule([mem.work / mem.profile.rate(1) for mem in members], m)
 
 
 def homogeneous_time(members: list[Member], m: int, rng: random.Random) -> float:

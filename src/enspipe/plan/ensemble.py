@@ -178,12 +178,20 @@ def plan_rounds(ens: Ensemble, arm: str, num_images: int) -> list[Round]:
     return out
 
 
+def list_schedule(durations: list[float], slots: int) -> float:
+    """The makespan of jobs of these durations taken in order by whichever of ``slots`` frees first."""
+    free = [0.0] * slots
+    for d in durations:
+        free.sort()
+        free[0] += d
+    return max(free)
+
+
+def arm_slots(ens: Ensemble, arm: str) -> int:
+    """How many of an arm's rounds run at once: G for default (a member per accelerator), else 1."""
+    return ens.accelerators if arm == "default" else 1
+
+
 def predicted_makespan(ens: Ensemble, arm: str, rounds: list[Round]) -> float:
     """The time model's makespan: rounds one after another, or (default) list-scheduled on G."""
-    if arm != "default":
-        return sum(r.predicted_seconds for r in rounds)
-    free = [0.0] * ens.accelerators
-    for r in rounds:
-        free.sort()
-        free[0] += r.predicted_seconds
-    return max(free)
+    return list_schedule([r.predicted_seconds for r in rounds], arm_slots(ens, arm))

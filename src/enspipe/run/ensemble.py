@@ -31,7 +31,7 @@ import sys
 import time
 
 from enspipe.common.atomic import write_json_atomic
-from enspipe.plan.ensemble import Ensemble, Round, plan_rounds, predicted_makespan
+from enspipe.plan.ensemble import Ensemble, Round, arm_slots, list_schedule, plan_rounds, predicted_makespan
 
 RESULT = "ensemble.json"
 
@@ -66,7 +66,7 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
     if os.path.exists(os.path.join(out, RESULT)):
         os.remove(os.path.join(out, RESULT))  # a rerun's record appears only when it is complete
     resumed = [r.index for r in rounds if _done(out, r)]
-    slots = ens.accelerators if arm == "default" else 1
+    slots = arm_slots(ens, arm)
     pending = [r for r in rounds if not _done(out, r)]
     running: list[tuple[Round, subprocess.Popen, float, object]] = []
     times: dict[int, tuple[float, float]] = {}
@@ -111,14 +111,6 @@ def _member_span(rdir: str, rank: int) -> tuple[float | None, float | None]:
     return first, last
 
 
-def _list_schedule(durations: list[float], slots: int) -> float:
-    free = [0.0] * slots
-    for d in durations:
-        free.sort()
-        free[0] += d
-    return max(free)
-
-
 def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict, resumed: list[int],
             t0: float, makespan: float, num_images: int) -> dict:
     rows, timeline = [], []
@@ -155,8 +147,7 @@ def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict,
         "makespan_seconds": makespan if not resumed else None,
         # without the rounds' launches (a job per round here; FLEET's runtime reallocates inside one):
         # the rounds' training times one after another, or (default) list-scheduled on G as they ran
-        "launch_free_makespan_seconds": _list_schedule([x["train_seconds"] for x in rows],
-                                                       ens.accelerators if arm == "default" else 1),
+        "launch_free_makespan_seconds": list_schedule([x["train_seconds"] for x in rows], arm_slots(ens, arm)),
         "predicted_makespan_seconds": predicted_makespan(ens, arm, rounds),
         "accelerator_busy_fraction": busy / (ens.accelerators * makespan) if makespan > 0 and not resumed else None,
         "accelerator_busy_seconds": busy, "cpu_seconds": cpu,
