@@ -232,7 +232,7 @@ def test_fleet_finding():
         return {"arm": arm, "members": [{}] * 6, "accelerators": 4, "rounds": [{}], "makespan_seconds": makespan,
                 "launch_free_makespan_seconds": free, "predicted_makespan_seconds": free,
                 "accelerator_busy_fraction": 0.5, "cpu_seconds": 1.0, "node_cpu_seconds": 1.0, "energy_joules": 1.0,
-                "resumed_rounds": []}
+                "resumed_rounds": [], "emulated": True}
 
     def t(fleet_free):
         recs = {a: record(a, m, f) for a, m, f in [("default", 200, 150), ("homogeneous", 250, 210),

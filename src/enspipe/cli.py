@@ -8,11 +8,13 @@ work: a bad one exits 2 with a message that names the option and the fix.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from enspipe.plan.config import POWER_OPTIONS, RunConfig, add_options, from_options, positive_int
+from enspipe.plan.config import POWER_OPTIONS, RunConfig, add_options, counts, from_options, positive_int
 from enspipe.plan.errors import ConfigError
 
 Fail = Callable[[str], None]  # the parser's error(): prints the message and exits 2
@@ -244,14 +246,17 @@ def _plan(a: argparse.Namespace, fail: Fail) -> int:
 def _ensemble_args(p: argparse.ArgumentParser) -> None:
     from enspipe.plan.ensemble import ARMS
 
-    p.add_argument("--spec", required=True, help="the ensemble, YAML or JSON: members (name, rate, epochs), "
-                   "accelerators and optionally per_node, efficiency, replan_below, tolerance, seed")
+    p.add_argument("--spec", required=True, help="the ensemble, YAML or JSON: members (name, rate, epochs, and to "
+                   "train them for real network, lr, patience), accelerators and optionally per_node, efficiency, "
+                   "replan_below, tolerance, seed, min_delta")
     p.add_argument("--arm", required=True, choices=ARMS, help="default: a pipeline per member; homogeneous: "
                    "SC'18 sharing, G at a time; fleet: FLEET's flotillas")
     p.add_argument("--data", required=True, help="the dataset (its images must be a whole number of batches)")
     p.add_argument("--out", required=True, help="the arm's directory: a run per round, ensemble.json last")
     p.add_argument("--batch-size", type=positive_int, required=True, help="the shared global batch")
     p.add_argument("--seed", type=int, default=0, help="round k draws its epoch order from seed + k")
+    p.add_argument("--validation", default=None, help="a dataset (enspipe make-dataset, another seed) the "
+                   "members' early stopping judges them on (needed when a member has patience)")
     p.add_argument("--launcher", default=None, help="how a round's ranks start, e.g. 'srun' inside a Slurm "
                    "allocation (default: the mpiexec beside this Python)")
     p.add_argument("run_args", nargs=argparse.REMAINDER,
@@ -265,7 +270,7 @@ def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
 
     from enspipe.data.manifest import DataError, read_manifest
     from enspipe.plan.ensemble import Ensemble, plan_rounds
-    from enspipe.run.ensemble import round_command, run_arm
+    from enspipe.run.ensemble import epochs_left, resume_problems, round_command, run_arm
 
     run_args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
     try:
@@ -273,15 +278,21 @@ def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
             spec = yaml.safe_load(f)
         if not isinstance(spec, dict):
             raise ConfigError("spec", f"{a.spec} holds no mapping", "write members: [...] and accelerators: G")
-        ens = Ensemble.from_dict(spec)
+        ens = Ensemble.from_dict(_with_profiles(spec, a.spec))
         images = read_manifest(a.data).num_images
         if images % a.batch_size:
             raise ConfigError("batch_size", f"the dataset's {images} images are not a whole number of batches of "
                               f"{a.batch_size} (members leave at an epoch's end)", "pick a batch size that divides it")
-        rounds = plan_rounds(ens, a.arm, images)
-        for r in rounds:  # every round's run options checked before the first starts
+        if any(m.patience for m in ens.members) and not a.validation:
+            raise ConfigError("validation", "a member stops early on its validation loss, and no validation set "
+                              "is given", "pass --validation DIR (enspipe make-dataset --seed S with another seed)")
+        problems = resume_problems(ens, a.out)
+        if problems:  # never silently restart a member from scratch
+            raise ConfigError("checkpoint", "; ".join(problems), "restore the files, or start the arm over")
+        rounds = plan_rounds(ens, a.arm, images, epochs_left(ens, a.out))
+        for r in rounds:  # the planned rounds' run options checked before the first starts
             cmd = round_command(ens, r, a.data, a.out, images // a.batch_size, a.seed,
-                                ["--batch-size", str(a.batch_size), *run_args], [])
+                                ["--batch-size", str(a.batch_size), *run_args], [], a.validation)
             config_from_args(build_parser().parse_args(cmd[cmd.index("run"):]))
     except (OSError, yaml.YAMLError, DataError) as e:
         fail(f"--spec/--data: {e}")
@@ -290,13 +301,88 @@ def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
     launcher = shlex.split(a.launcher) if a.launcher else None
     try:
         record = run_arm(ens, a.arm, a.data, a.out, a.batch_size, images, a.seed,
-                         ["--batch-size", str(a.batch_size), *run_args], launcher, say=_say)
+                         ["--batch-size", str(a.batch_size), *run_args], launcher, a.validation, say=_say)
     except RuntimeError as e:
         print(f"enspipe ensemble: {e}", file=sys.stderr)
         return 1
     _say(f"{a.arm}: makespan {record['makespan_seconds'] or float('nan'):.1f} s (model "
          f"{record['predicted_makespan_seconds']:.1f} s), accelerators busy "
-         f"{(record['accelerator_busy_fraction'] or 0):.0%} (emulated) -> {a.out}")
+         f"{(record['accelerator_busy_fraction'] or 0):.0%}{' (emulated)' if record['emulated'] else ''} -> {a.out}")
+    return 0
+
+
+def _with_profiles(spec: dict, spec_path: str) -> dict:
+    """The spec with each member's ``profile: FILE`` (enspipe profile's JSON, relative to the spec)
+    read into its measured ``rates`` (and ``rate``, the one-accelerator rate, when not given)."""
+    from enspipe.run.profile import rates_by_count
+
+    members = []
+    for m in spec.get("members") or []:
+        if isinstance(m, dict) and "profile" in m:
+            path = os.path.join(os.path.dirname(os.path.abspath(spec_path)), str(m["profile"]))
+            try:
+                with open(path) as f:
+                    record = json.load(f)
+                rates = rates_by_count(record)
+            except (OSError, ValueError, KeyError) as e:
+                raise ConfigError("spec", f"member {m.get('name')!r}: profile {path} is unreadable ({e})",
+                                  "measure it with enspipe profile") from None
+            if record["network"] != m.get("network"):
+                raise ConfigError("spec", f"member {m.get('name')!r} trains {m.get('network')!r} but its profile "
+                                  f"{path} is {record['network']!r}'s", "point it at its network's profile")
+            m = {k: v for k, v in m.items() if k != "profile"} | {"rates": list(rates)}
+            m.setdefault("rate", rates[0])
+        members.append(m)
+    return {**spec, "members": members} if "members" in spec else spec
+
+
+# -- profile: a network's measured training rates on 1, 2, ... accelerators -------------------------
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    from enspipe.models.networks import NETWORKS
+
+    p.add_argument("--network", required=True, choices=list(NETWORKS), help="the network to profile")
+    p.add_argument("--data", required=True, help="a dataset (enspipe make-dataset) to train on")
+    p.add_argument("--cache", default="results/profiles", help="where profiles are kept, one per network, image "
+                   "size, batch and machine")
+    p.add_argument("--accelerators", type=counts, default=(1, 2), help="the accelerator counts g to measure "
+                   "(a job of g ranks each; beyond the largest the allocator extrapolates)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="the global batch")
+    p.add_argument("--steps", type=positive_int, default=20, help="measured training steps per count")
+    p.add_argument("--image-size", type=positive_int, default=224, help="preprocessed image side (px)")
+    p.add_argument("--lr", type=float, default=0.01, help="the learning rate of the profiling steps")
+    p.add_argument("--force", action="store_true", help="measure again even if a cached profile exists")
+    p.add_argument("--launcher", default=None, help="how a job's ranks start (default: the mpiexec beside this Python)")
+    p.add_argument("run_args", nargs=argparse.REMAINDER, help="after --: more `enspipe run` options")
+
+
+def _profile(a: argparse.Namespace, fail: Fail) -> int:
+    import shlex
+
+    from enspipe.run.profile import measure
+
+    run_args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
+    if not a.accelerators or min(a.accelerators) < 1 or len(set(a.accelerators)) != len(a.accelerators):
+        fail(f"--accelerators: distinct counts >= 1, got {list(a.accelerators)}; pass e.g. 1,2,4")
+    if min(a.batch_size, a.steps) < 1 or a.batch_size < max(a.accelerators):
+        fail(f"--batch-size/--steps: a batch of at least one image per accelerator and >= 1 step, got batch "
+             f"{a.batch_size}, steps {a.steps}")
+    try:  # every job's options checked before the first starts
+        for g in a.accelerators:
+            config_from_args(build_parser().parse_args(
+                ["run", "--data", a.data, "--out", os.path.join(a.cache, "check"), "--consumer", "train",
+                 "--network", a.network, "--data-parallel", str(g), "--batch-size", str(a.batch_size),
+                 "--steps", str(a.steps), "--image-size", str(a.image_size), "--lr", str(a.lr), *run_args]))
+    except ConfigError as e:
+        fail(str(e))
+    launcher = shlex.split(a.launcher) if a.launcher else [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
+    try:
+        record = measure(a.network, a.data, a.cache, tuple(a.accelerators), a.batch_size, a.steps, a.image_size,
+                         a.lr, run_args, launcher, a.force, say=_say)
+    except RuntimeError as e:
+        print(f"enspipe profile: {e}", file=sys.stderr)
+        return 1
+    _say(f"{a.network}: " + ", ".join(f"{g}: {r:.1f}" for g, r in zip(record["accelerators"], record["rates"]))
+         + f" images/s ({record['source']}, {record['device']})")
     return 0
 
 
@@ -335,8 +421,10 @@ COMMANDS: dict[str, Command] = {
                           _idle_power, show_defaults=True),
     "plan": Command("rank the schemes and P for an ensemble from measured costs (the cost model)", _plan_args,
                     _plan, show_defaults=True),
-    "ensemble": Command("train a heterogeneous ensemble (emulated accelerators) in one arm's rounds: default, "
-                        "homogeneous or fleet", _ensemble_args, _ensemble, show_defaults=True),
+    "ensemble": Command("train a heterogeneous ensemble (trained for real, or emulated accelerators) in one arm's "
+                        "rounds: default, homogeneous or fleet", _ensemble_args, _ensemble, show_defaults=True),
+    "profile": Command("measure a network's training rate on 1, 2, ... accelerators for FLEET's allocation "
+                       "(cached per machine)", _profile_args, _profile, show_defaults=True),
 }
 
 

@@ -18,6 +18,7 @@ STOPPED = "stopped"
 EPOCH = "epoch"
 SKIPPED = "skipped"
 SERVICE = "service"
+MEMBER_EPOCH = "member_epoch"
 END = "end"
 
 EVENTS: dict[str, str] = {
@@ -31,6 +32,8 @@ EVENTS: dict[str, str] = {
     EPOCH: "one completed epoch: count, order-independent digest, missing samples",
     SKIPPED: "a corrupt record or undecodable image skipped under --on-corrupt skip",
     SERVICE: "tfdata_service: the dispatcher's address, the dataset id, the workers, this member's worker and cache",
+    MEMBER_EPOCH: "--member-epochs: the member trained another epoch: its epochs so far, validation loss, whether "
+                  "it converged (early stopping), the checkpoint written, the step from which it idles",
     END: "the rank is done (with the failure, if an epoch came up short)",
 }
 
@@ -82,6 +85,12 @@ RANK: dict[str, str] = {
     "member": "the ensemble member it trains (--data-parallel g: g ranks per member, each on its part of a batch)",
     "trained_images": "images its consumer trained on, every step (--member-epochs: none once they are done)",
     "accelerator_busy_seconds": "seconds its consumer spent training, every step",
+    "member_name": "its member's name (--member-names; m<index> by default)",
+    "network": "the network its member trains (train only)",
+    "epochs_trained": "--member-epochs: whole epochs its member trained in this run",
+    "member_state": "--member-epochs: its member's state over every run (epochs, images, converged, validation "
+                    "losses, checkpoint; see enspipe.run.checkpoint)",
+    "steps_measured": "steps in its measured window", "stopped_early": "whether --stop-below ended the run early",
     "learning_rate": "its member's learning rate (train)", "images": "images delivered in the window",
     "images_preprocessed": "images its preprocess stage made in the window", "seconds": "window length",
     "images_per_second": "images / seconds", "cpu_seconds": "its process CPU-s in the window",

@@ -86,7 +86,27 @@ def vgg_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = Fa
     return image - tf.constant(VGG_MEANS, tf.float32)
 
 
+def inception_eval(image: tf.Tensor, size: int) -> tf.Tensor:
+    """Slim inception evaluation preprocessing: central crop of 87.5%, bilinear resize, [-1, 1]."""
+    image = tf.image.central_crop(tf.image.convert_image_dtype(image, tf.float32), 0.875)
+    image = tf.image.resize(image, [size, size], method="bilinear")
+    return (image - 0.5) * 2.0
+
+
+def vgg_eval(image: tf.Tensor, size: int) -> tf.Tensor:
+    """Slim VGG evaluation preprocessing: shorter side to 256 (scaled with the size), central crop,
+    channel-mean subtraction."""
+    side = round(256 * size / 224)
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    new_hw = tf.cast(tf.math.rint(shape * side / tf.reduce_min(shape)), tf.int32)
+    image = tf.image.resize(image, new_hw, method="bilinear")
+    top, left = (new_hw[0] - size) // 2, (new_hw[1] - size) // 2
+    image = tf.slice(image, [top, left, 0], [size, size, 3])
+    return image - tf.constant(VGG_MEANS, tf.float32)
+
+
 PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_train, "vgg": vgg_train}
+EVAL_PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_eval, "vgg": vgg_eval}
 
 # Value range of each preprocessing's output, used to quantise to uint8 for the wire.
 OUTPUT_RANGE: dict[str, tuple[float, float]] = {

@@ -159,6 +159,32 @@ class RunConfig:
         None, "each member's epochs to train (E1,E2,...; one value: every member's): a member that has trained "
         "its epochs leaves its accelerators idle while the others go on, as in a FLEET flotilla; the dataset "
         "must be a whole number of batches", parse=counts, metavar="E[,E...]")
+    member_networks: tuple[str, ...] | None = option(
+        None, "train only, a heterogeneous ensemble: each member's network (N1,N2,...); every member reads the one "
+        "shared stream, preprocessed as --network's", parse=names, metavar="NET[,NET...]")
+    member_batch_multipliers: tuple[int, ...] | None = option(
+        None, "train only: member m updates its weights every K_m shared batches, on their mean gradient (its "
+        "batch is K_m x the global batch; K1,K2,... or one K for all); with --member-epochs K_m must divide an "
+        "epoch's batches", parse=counts, metavar="K[,K...]")
+    member_names: tuple[str, ...] | None = option(
+        None, "each member's name (A,B,...; default m0,m1,...): its directory under --checkpoint-dir",
+        parse=names, metavar="NAME[,NAME...]")
+    checkpoint_dir: str | None = option(
+        None, "each member saves its state at each of its epoch ends under DIR/<name> (a TensorFlow checkpoint of "
+        "its weights and optimizer when it trains, and state.json: epochs, images, validation history) and, "
+        "started again, resumes from it; needs --member-epochs (the epochs to train in this run)")
+    validation_data: str | None = option(
+        None, "a dataset (enspipe make-dataset) each training member evaluates its loss on at each epoch end "
+        "(Slim's evaluation preprocessing, in order)")
+    member_patience: tuple[int, ...] | None = option(
+        None, "early stopping (train only): a member has converged when its validation loss has not improved by "
+        "--min-delta for PATIENCE epochs (P1,P2,...; 0: no early stopping); --member-epochs bounds it; needs "
+        "--validation-data", parse=counts, metavar="P[,P...]")
+    min_delta: float = option(0.0, "early stopping: the least drop of the validation loss that counts as "
+                              "improving", parse=float)
+    stop_below: int | None = option(
+        None, "end the run at the first epoch end at which fewer than K ranks still train (FLEET re-plans there: "
+        "K = 0.8 G; 1: when every member is done); needs --member-epochs", parse=positive_int, metavar="K")
     scaling_efficiency: float = option(
         1.0, "emulated data-parallel members: the share of the linear speed-up kept per doubling of "
         "accelerators (a member on g runs at rc x g x e^log2(g))", parse=float)
@@ -232,6 +258,40 @@ class RunConfig:
                  "records ends inside a batch", "leave --on-corrupt skip or --member-epochs out")
         _require(self.member_epochs is None or min(self.member_epochs) >= 1, "member_epochs",
                  f"every member trains >= 1 epoch, got {list(self.member_epochs or ())}", "pass e.g. 2,6,3")
+        epochs_needed = [n for n in ("checkpoint_dir", "stop_below", "member_patience") if getattr(self, n) is not None]
+        _require(self.member_epochs is not None or not epochs_needed, epochs_needed[0] if epochs_needed else "",
+                 "acts at a member's epoch ends, and the members' epochs are not bounded",
+                 "pass --member-epochs (the most epochs each member trains in this run)")
+        if self.member_networks is not None:
+            _require(self.consumer == "train", "member_networks", f"sets the networks members train; the consumer "
+                     f"is {self.consumer}", "pass --consumer train, or leave --member-networks out")
+            unknown = [x for x in self.member_networks if x not in _networks()]
+            _require(not unknown, "member_networks", f"unknown network(s) {unknown}",
+                     f"choose from {', '.join(_networks())}")
+        if self.member_batch_multipliers is not None:
+            _require(self.consumer == "train", "member_batch_multipliers", f"sets how many batches a trained member's "
+                     f"update spans; the consumer is {self.consumer}", "pass --consumer train, or leave it out")
+            _require(min(self.member_batch_multipliers) >= 1, "member_batch_multipliers",
+                     f"every multiplier must be >= 1, got {list(self.member_batch_multipliers)}", "pass e.g. 1,2,4")
+        if self.member_patience is not None and max(self.member_patience) > 0:
+            _require(self.consumer == "train", "member_patience", f"stops a member on its validation loss; the "
+                     f"{self.consumer} consumer has none", "pass --consumer train, or leave --member-patience out")
+            _require(self.validation_data is not None, "validation_data", "early stopping needs a validation loss",
+                     "pass --validation-data DIR (enspipe make-dataset with another seed)")
+        _require(math.isfinite(self.min_delta) and self.min_delta >= 0, "min_delta",
+                 f"must be a finite number >= 0, got {self.min_delta}", "pass e.g. 0.001")
+        _require(self.stop_below is None or self.stop_below >= 1, "stop_below", f"must be >= 1 rank, got "
+                 f"{self.stop_below}", "pass e.g. 1 (stop when every member is done)")
+        if self.validation_data is not None:
+            from enspipe.data.manifest import check as check_data
+
+            problem = check_data(self.validation_data) if os.path.exists(self.validation_data) else \
+                f"{self.validation_data!r} does not exist"
+            _require(problem is None, "validation_data", str(problem),
+                     "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")
+        if self.checkpoint_dir is not None:
+            problem = unwritable(self.checkpoint_dir)
+            _require(problem is None, "checkpoint_dir", str(problem), "pass a directory you may write")
         _require(math.isfinite(self.scaling_efficiency) and 0 < self.scaling_efficiency <= 1, "scaling_efficiency",
                  f"must be in (0, 1], got {self.scaling_efficiency}", "pass e.g. 0.9 (1.0: linear)")
         if self.slow_member is not None:
@@ -367,12 +427,28 @@ class RunConfig:
     def lr_for(self, member: int) -> float:
         return self.lrs[member % len(self.lrs)]
 
+    def network_for(self, member: int) -> str:
+        return self.member_networks[member] if self.member_networks else self.network
+
+    def name_of(self, member: int) -> str:
+        return self.member_names[member] if self.member_names else f"m{member}"
+
+    def batch_multiplier_for(self, member: int) -> int:
+        ks = self.member_batch_multipliers
+        return 1 if not ks else ks[0] if len(ks) == 1 else ks[member]
+
+    def patience_for(self, member: int) -> int:
+        if not self.member_patience:
+            return 0
+        return self.member_patience[0] if len(self.member_patience) == 1 else self.member_patience[member]
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["lrs"] = list(self.lrs)
         d["power"] = list(self.power)
         d["slow_member"] = list(self.slow_member) if self.slow_member else None
-        for k in ("data_parallel", "member_rates", "member_epochs"):
+        for k in ("data_parallel", "member_rates", "member_epochs", "member_networks", "member_names",
+                  "member_patience", "member_batch_multipliers"):
             d[k] = None if d[k] is None else list(d[k])
         d["batch_size"] = self.global_batch
         return d

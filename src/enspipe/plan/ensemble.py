@@ -22,24 +22,35 @@ plan is known before anything runs; the runner executes it and measures how long
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
+from enspipe.models.networks import NETWORKS
 from enspipe.plan.errors import require
-from enspipe.plan.fleet import (Member, assign_accelerators, create_flotilla, efficiency_per_doubling,
-                                emulated_profile, flotilla_time)
+from enspipe.plan.fleet import (Member, Profile, assign_accelerators, create_flotilla, efficiency_per_doubling,
+                                emulated_profile, flotilla_time, measured_profile)
 
 ARMS = ("default", "homogeneous", "fleet")
+MEMBER_KEYS = ("name", "rate", "epochs", "network", "lr", "patience", "rates", "batch_multiplier")
 
 
 @dataclass(frozen=True)
 class EnsembleMember:
-    """One member: its name, its emulated accelerator's rate rc (images/s on one) and the epochs
-    it trains to converge."""
+    """One member: its name, its accelerator's rate rc (images/s on one: the profile the plan
+    uses; emulated members train at it), the epochs it trains (with early stopping: at most) and,
+    trained for real, its network, learning rate, early-stopping patience (epochs without a
+    better validation loss; 0: none), measured rates (``enspipe profile``) and batch-size
+    multiplier (an update every k shared batches)."""
 
     name: str
     rate: float
     epochs: int
+    network: str | None = None   # None: an emulated member
+    lr: float = 0.01
+    patience: int = 0
+    rates: tuple[float, ...] | None = None  # measured on 1, 2, ... accelerators (enspipe profile)
+    batch_multiplier: int = 1    # an update every k shared batches (its batch: k x the global batch)
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ class Ensemble:
     replan_below: float = 0.8
     tolerance: float = 0.15
     seed: int = 0
+    min_delta: float = 0.0
 
     def __post_init__(self) -> None:
         require(len(self.members) >= 1, "members", "the ensemble has no members", "list at least one")
@@ -73,7 +85,29 @@ class Ensemble:
                     f"{m.name}: rate must be > 0 images/s, got {m.rate!r}", "pass its accelerator's rate rc")
             require(isinstance(m.epochs, int) and m.epochs >= 1, "members",
                     f"{m.name}: epochs must be a whole number >= 1, got {m.epochs!r}",
-                    "bound its training: the epochs it takes to converge")
+                    "bound its training: the epochs it takes to converge (with patience: at most)")
+            require(m.network is None or m.network in NETWORKS, "members", f"{m.name}: unknown network "
+                    f"{m.network!r}", f"choose one of {', '.join(NETWORKS)}")
+            require(isinstance(m.lr, (int, float)) and math.isfinite(m.lr) and m.lr > 0, "members",
+                    f"{m.name}: lr must be a finite number > 0, got {m.lr!r}", "e.g. lr: 0.01")
+            require(isinstance(m.patience, int) and m.patience >= 0, "members",
+                    f"{m.name}: patience must be a whole number >= 0, got {m.patience!r}", "e.g. patience: 2")
+            require(m.rates is None or (m.network is not None and len(m.rates) >= 1 and all(
+                isinstance(r, (int, float)) and math.isfinite(r) and r > 0 for r in m.rates)), "members",
+                f"{m.name}: measured rates are a network's (enspipe profile), finite and > 0; got {m.rates!r}",
+                "give it its network and its profile")
+            require(isinstance(m.batch_multiplier, int) and m.batch_multiplier >= 1 and
+                    (m.batch_multiplier == 1 or m.network is not None), "members", f"{m.name}: batch_multiplier "
+                    f"must be a whole number >= 1, and > 1 only for a trained member; got {m.batch_multiplier!r}",
+                    "e.g. batch_multiplier: 2, with its network")
+            require(m.patience == 0 or m.network is not None, "members", f"{m.name}: early stopping needs a "
+                    "validation loss, and an emulated member (no network) has none",
+                    "give it a network, or leave patience out")
+            require(m.name.replace("-", "").replace("_", "").replace(".", "").isalnum(), "members",
+                    f"{m.name!r}: a name is a directory of its checkpoints", "use letters, digits, '-', '_', '.'")
+        trained = {m.network is not None for m in self.members}
+        require(len(trained) == 1, "members", "some members name a network and some do not: a round's members "
+                "either all train for real or all are emulated", "give every member a network, or none")
         require(self.accelerators >= 1, "accelerators", f"must be >= 1, got {self.accelerators}",
                 "pass the accelerators the ensemble may use")
         require(self.per_node is None or 1 <= self.per_node <= self.accelerators, "per_node",
@@ -82,11 +116,18 @@ class Ensemble:
         require(0 < self.replan_below <= 1, "replan_below", f"must be in (0, 1], got {self.replan_below}",
                 "the paper's 0.8")
         require(self.tolerance > 0, "tolerance", f"must be > 0, got {self.tolerance}", "e.g. 0.15")
+        require(math.isfinite(self.min_delta) and self.min_delta >= 0, "min_delta",
+                f"must be a finite number >= 0, got {self.min_delta}", "e.g. 0.001")
+
+    @property
+    def trains(self) -> bool:
+        """Whether its members train networks for real (else their accelerators are emulated)."""
+        return self.members[0].network is not None
 
     @classmethod
     def from_dict(cls, d: dict) -> "Ensemble":
-        """From a config section: ``members`` (each ``name``, ``rate``, ``epochs``) and the other
-        fields by name; unknown keys are refused."""
+        """From a config section: ``members`` (each ``name``, ``rate``, ``epochs`` and optionally
+        ``network``, ``lr``, ``patience``) and the other fields by name; unknown keys are refused."""
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(d) - known
         require(not unknown, "ensemble", f"unknown keys {sorted(unknown)}", f"use {sorted(known)}")
@@ -94,17 +135,25 @@ class Ensemble:
                 "list the members")
         members = []
         for i, m in enumerate(d["members"]):
-            require(isinstance(m, dict) and set(m) == {"name", "rate", "epochs"}, "members",
-                    f"member {i} must have exactly name, rate and epochs, got {m!r}", "e.g. {name: a, rate: 40, epochs: 3}")
-            members.append(EnsembleMember(str(m["name"]), m["rate"], m["epochs"]))
+            require(isinstance(m, dict) and {"name", "rate", "epochs"} <= set(m) <= set(MEMBER_KEYS), "members",
+                    f"member {i} must have name, rate and epochs, and may have network, lr and patience; got {m!r}",
+                    "e.g. {name: a, rate: 40, epochs: 3}")
+            members.append(EnsembleMember(**{**m, "name": str(m["name"]),
+                                             **({"rates": tuple(m["rates"])} if m.get("rates") else {})}))
         return cls(**{**d, "members": tuple(members)})
 
     def allocation_members(self, epochs: dict[int, int], num_images: int) -> list[Member]:
         """The allocator's view of every member: its emulated profile on 1..G accelerators and its
         remaining work (``epochs[i]`` x the dataset's images; 0 for a member that is done)."""
-        eff = efficiency_per_doubling(self.efficiency)
-        return [Member(emulated_profile(m.name, m.rate, self.accelerators, eff), epochs.get(i, 0) * num_images)
-                for i, m in enumerate(self.members)]
+        return [Member(self.profile(i), epochs.get(i, 0) * num_images) for i in range(len(self.members))]
+
+    def profile(self, i: int) -> Profile:
+        """Member ``i``'s rates on 1..G accelerators: measured (``rates``) or emulated (``rate`` x g
+        x the efficiency)."""
+        m = self.members[i]
+        if m.rates:
+            return measured_profile(m.name, m.rates, self.accelerators)
+        return emulated_profile(m.name, m.rate, self.accelerators, efficiency_per_doubling(self.efficiency))
 
 
 @dataclass(frozen=True)
@@ -118,6 +167,7 @@ class Round:
     epochs: tuple[int, ...]          # epochs each trains in this round
     predicted_seconds: float
     placement: dict = field(default_factory=dict, compare=False)  # member -> accelerator indices
+    stop_below: int = 1  # the run ends at the first epoch end where fewer ranks train (FLEET's re-plan point)
 
     @property
     def ranks(self) -> int:
@@ -129,35 +179,47 @@ class Round:
     def as_dict(self, ensemble: Ensemble) -> dict:
         return {"index": self.index, "members": [ensemble.members[i].name for i in self.members],
                 "widths": list(self.widths), "epochs": list(self.epochs), "predicted_seconds": self.predicted_seconds,
-                "placement": {ensemble.members[i].name: v for i, v in self.placement.items()}}
+                "placement": {ensemble.members[i].name: v for i, v in self.placement.items()},
+                "stop_below": self.stop_below}
+
+    @classmethod
+    def from_dict(cls, d: dict, ensemble: Ensemble) -> "Round":
+        """The round of :meth:`as_dict` (a resumed arm reads its finished rounds back)."""
+        at = {m.name: i for i, m in enumerate(ensemble.members)}
+        return cls(d["index"], tuple(at[x] for x in d["members"]), tuple(d["widths"]), tuple(d["epochs"]),
+                   d["predicted_seconds"], {at[k]: v for k, v in d["placement"].items()}, d["stop_below"])
 
 
 def _predicted(ens: Ensemble, idx, widths, epochs, num_images: int) -> float:
-    eff = efficiency_per_doubling(ens.efficiency)
-    return flotilla_time([e * num_images for e in epochs],
-                         [ens.members[i].rate * g * eff(g) for i, g in zip(idx, widths)])
+    return flotilla_time([e * num_images for e in epochs], [ens.profile(i).rate(g) for i, g in zip(idx, widths)])
 
 
-def plan_rounds(ens: Ensemble, arm: str, num_images: int) -> list[Round]:
-    """The rounds of ``arm`` (see the module). ``default`` rounds are one member each and may run
-    at once (at most G together); the others run one after another."""
+def plan_rounds(ens: Ensemble, arm: str, num_images: int, left: dict[int, int] | None = None,
+                first: int = 0) -> list[Round]:
+    """The rounds of ``arm`` (see the module) for the epochs ``left`` to each member (default: all
+    of every member's; a member absent or at 0 is done), numbered from ``first``. ``default``
+    rounds are one member each and may run at once (at most G together); the others run one after
+    another. A runner re-plans from what is left after each round, so a member that stops early
+    (early stopping) changes the rounds after it."""
     require(arm in ARMS, "arm", f"unknown arm {arm!r}", f"choose one of {', '.join(ARMS)}")
+    left = {i: e for i, e in (left if left is not None else {i: m.epochs for i, m in enumerate(ens.members)}).items()
+            if e > 0}
     order = list(range(len(ens.members)))
     random.Random(ens.seed).shuffle(order)
+    order = [i for i in order if i in left]
     if arm == "default":
-        return [Round(k, (i,), (1,), (ens.members[i].epochs,), _predicted(ens, (i,), (1,), (ens.members[i].epochs,),
-                                                                          num_images))
+        return [Round(first + k, (i,), (1,), (left[i],), _predicted(ens, (i,), (1,), (left[i],), num_images))
                 for k, i in enumerate(order)]
     if arm == "homogeneous":
         out = []
         for k in range(0, len(order), ens.accelerators):
             idx = tuple(sorted(order[k:k + ens.accelerators]))
-            epochs = tuple(ens.members[i].epochs for i in idx)
-            out.append(Round(len(out), idx, (1,) * len(idx), epochs, _predicted(ens, idx, (1,) * len(idx), epochs,
-                                                                                 num_images)))
+            epochs = tuple(left[i] for i in idx)
+            out.append(Round(first + len(out), idx, (1,) * len(idx), epochs,
+                             _predicted(ens, idx, (1,) * len(idx), epochs, num_images)))
         return out
-    left = {i: m.epochs for i, m in enumerate(ens.members)}
     out = []
+    stop_below = math.ceil(ens.replan_below * ens.accelerators - 1e-9)  # ranks: fewer busy than 0.8 G
     while left:
         members = ens.allocation_members(left, num_images)
         f = create_flotilla(members, sorted(left), ens.accelerators, ens.tolerance)
@@ -169,13 +231,25 @@ def plan_rounds(ens: Ensemble, arm: str, num_images: int) -> list[Round]:
                 break
         trained = tuple(min(e, stop) for e in epochs)
         placement = assign_accelerators(f.accelerators, ens.per_node or ens.accelerators, f.members)
-        out.append(Round(len(out), f.members, f.accelerators, trained,
-                         _predicted(ens, f.members, f.accelerators, trained, num_images), placement))
+        out.append(Round(first + len(out), f.members, f.accelerators, trained,
+                         _predicted(ens, f.members, f.accelerators, trained, num_images), placement,
+                         stop_below=min(stop_below, sum(f.accelerators))))
         for i, e in zip(f.members, trained):
             left[i] -= e
             if left[i] == 0:
                 del left[i]
     return out
+
+
+def converged(losses: list[float], patience: int, min_delta: float = 0.0) -> bool:
+    """Early stopping (as Keras's ``EarlyStopping``): the validation loss of the last ``patience``
+    epochs never came ``min_delta`` below the best before them. ``patience`` 0: never (the member
+    trains its epochs' bound). A non-finite loss never counts as an improvement."""
+    if patience <= 0 or len(losses) <= patience:
+        return False
+    finite = [x for x in losses[:-patience] if math.isfinite(x)]
+    best = min(finite) if finite else math.inf
+    return not any(math.isfinite(x) and x < best - min_delta for x in losses[-patience:])
 
 
 def list_schedule(durations: list[float], slots: int) -> float:

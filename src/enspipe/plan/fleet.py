@@ -93,6 +93,36 @@ def extrapolate(measured: tuple[float, ...], m: int) -> float:
     return m * (measured[mb - 1] / mb) * decay ** (m - mb)
 
 
+def fill_rates(counts: list[int], rates: list[float]) -> tuple[float, ...]:
+    """Rates measured on some accelerator counts (say 1, 2, 4) as rates on every count 1..max:
+    measured counts as measured, counts between two measured ones interpolated linearly, counts
+    below the smallest scaled down linearly from it."""
+    require(len(counts) == len(rates) >= 1 and len(set(counts)) == len(counts) and min(counts) >= 1, "profile",
+            f"counts {counts} and rates {rates} do not pair up", "measure it again (enspipe profile)")
+    at = dict(zip(counts, rates))
+    out = []
+    for g in range(1, max(counts) + 1):
+        lo = max((x for x in counts if x <= g), default=None)
+        hi = min(x for x in counts if x >= g)
+        if lo == g:
+            out.append(at[g])
+        elif lo is None:
+            out.append(at[hi] * g / hi)
+        else:
+            out.append(at[lo] + (at[hi] - at[lo]) * (g - lo) / (hi - lo))
+    return tuple(out)
+
+
+def measured_profile(name: str, rates: tuple[float, ...], max_accelerators: int) -> Profile:
+    """A measured profile on 1..``max_accelerators``: the rates measured, and beyond them the
+    paper's extrapolation (:func:`extrapolate`; with one count measured, linear from it)."""
+    def at(g):
+        if g <= len(rates) or len(rates) >= 2:
+            return extrapolate(rates, g)
+        return rates[0] * g
+    return Profile(name, tuple(at(g) for g in range(1, max_accelerators + 1)), "measured")
+
+
 @dataclass(frozen=True)
 class Member:
     """A member of the ensemble: its profile and the images it still has to train on."""

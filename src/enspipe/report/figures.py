@@ -411,14 +411,19 @@ def timeline_figure(t: pd.DataFrame, path_stem: str) -> None:
         for acc in (r.accelerators or []):
             ax.barh(acc, r.end - r.start, left=r.start, color=colours[r.member], edgecolor="k", lw=0.4)
             ax.text(r.start + (r.end - r.start) / 2, acc, r.member, ha="center", va="center", fontsize=6)
+            ax.plot(r.checkpoints, [acc] * len(r.checkpoints), "|", color="k", ms=9, mew=1.2)
+            if r.converged:
+                ax.plot([r.end], [acc], "*", color="gold", mec="k", ms=9)
     for k, (_, g) in enumerate(t.groupby("round")):
         ax.axvspan(g["start"].min(), g["end"].max(), color="0.93" if k % 2 else "0.85", zorder=0)
     accs = sorted({a for r in t["accelerators"] for a in (r or [])})
     ax.set(yticks=accs, yticklabels=[f"acc {a}" for a in accs], xlabel="seconds since the arm began", title=title,
            xlim=(0, None))
     ax.invert_yaxis()
-    _save(fig, path_stem, "EMULATED accelerators. Shaded spans: rounds (flotillas); between them every member "
-          "checkpoints and the allocator re-plans (here a new job starts, which the gaps show).")
+    _save(fig, path_stem, ("EMULATED accelerators. " if t["emulated"].any() else "Members trained for real. ")
+          + "Ticks: a member's checkpoints (one per epoch); star: it converged (early stopping). Shaded spans: "
+          "rounds (flotillas); between them the allocator re-plans from the checkpoints (here a new job starts, "
+          "which the gaps show).")
 
 
 def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:

@@ -38,7 +38,9 @@ def arms_table(records: dict[str, dict]) -> pd.DataFrame:
                      "model_makespan_s": r["predicted_makespan_seconds"],
                      "accelerator_busy_fraction": r["accelerator_busy_fraction"],
                      "cpu_s": r["cpu_seconds"], "node_cpu_s": r["node_cpu_seconds"], "energy_j": r["energy_joules"],
-                     "resumed_rounds": len(r["resumed_rounds"]), "accelerator": "emulated"})
+                     "resumed_rounds": len(r["resumed_rounds"]),
+                     "converged_early": sum(bool(x and x["converged"]) for x in (r.get("member_states") or {}).values()),
+                     "accelerator": "emulated" if r["emulated"] else "trained (measured)"})
     t = pd.DataFrame(rows)
     if "fleet" in records and len(t):
         for col in ("makespan_s", "launch_free_makespan_s", "model_makespan_s"):
@@ -52,7 +54,9 @@ def timeline_rows(record: dict | None) -> pd.DataFrame:
     if not record:
         return pd.DataFrame()
     return pd.DataFrame([{k: t[k] for k in ("round", "member", "width", "epochs", "start", "end", "trained_images",
-                                            "busy_seconds")} | {"accelerators": t["accelerators"]}
+                                            "busy_seconds")}
+                         | {"accelerators": t["accelerators"], "checkpoints": [c["t"] for c in t.get("checkpoints", [])],
+                            "converged": t.get("converged", False), "emulated": record["emulated"]}
                          for t in record["timeline"]])
 
 

@@ -40,10 +40,14 @@ def batch_slice(size: int, g: int, j: int) -> slice:
 
 class EmulatedConsumer:
     """An accelerator stand-in that trains at ``rate`` images/s and leaves the CPU idle; in a
-    data-parallel member (``group`` of g ranks) it waits for its part, then joins the all-reduce."""
+    data-parallel member (``group`` of g ranks) it waits for its part, then joins the all-reduce.
+    It has no weights to checkpoint and no validation loss."""
 
     kind = "emulated"
     emulated = True
+
+    def trackable(self):
+        return None
 
     def __init__(self, rate: float, group=None):
         self.rate = rate
@@ -66,7 +70,7 @@ class TrainConsumer:
     emulated = False
 
     def __init__(self, network: str, num_classes: int, image_size: int, lr: float, seed: int,
-                 dequantize=None, group=None):
+                 dequantize=None, group=None, batches_per_update: int = 1):
         import keras
         import tensorflow as tf
 
@@ -79,6 +83,8 @@ class TrainConsumer:
         self.num_classes = num_classes
         self.dequantize = dequantize
         self.group = group if group is not None and group.Get_size() > 1 else None
+        self.batches_per_update = batches_per_update  # FLEET's batch-size multiplier: K batches, one update
+        self._pending, self._count = None, 0
         variables = self.model.trainable_variables
 
         @tf.function(jit_compile=False, reduce_retracing=True)
@@ -105,11 +111,35 @@ class TrainConsumer:
                 at += size
             self.optimizer.apply_gradients(zip(grads, variables))
 
-        self._step, self._part_gradients, self._apply = train_step, part_gradients, apply
+        @tf.function(jit_compile=False, reduce_retracing=True)
+        def loss_sum(x, y):
+            return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, self.model(x, training=False),
+                                                                              from_logits=True))
 
-    def _data_parallel_step(self, images: np.ndarray, labels: np.ndarray) -> float:
-        """One update of a member on g ranks: weighted gradients of this rank's part, summed over
-        the member's ranks (= the whole batch's mean gradient), the same update applied on each."""
+        self._step, self._part_gradients, self._apply, self._loss_sum = train_step, part_gradients, apply, loss_sum
+        self.optimizer.build(variables)  # its variables exist before a checkpoint is restored into them
+
+    def trackable(self):
+        """What a checkpoint holds: the model and its optimizer (plain SGD: its step counter)."""
+        import tensorflow as tf
+
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+
+    def evaluate(self, images: np.ndarray, labels: np.ndarray, batch: int = 64) -> float:
+        """The mean loss over a validation set (inference mode); a data-parallel member's first
+        rank computes it and the others receive it, so all decide alike."""
+        loss = None
+        if self.group is None or self.group.Get_rank() == 0:
+            total = sum(float(self._loss_sum(images[i:i + batch], labels[i:i + batch]))
+                        for i in range(0, len(images), batch))
+            loss = total / len(images)
+        return loss if self.group is None else self.group.bcast(loss, root=0)
+
+    def _mean_gradient(self, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The batch's mean gradient, flat, and its loss last: on g ranks, the weighted gradients of
+        this rank's part summed over the member's ranks (= the whole batch's mean gradient)."""
+        if self.group is None:
+            return self._part_gradients(images, labels, np.float32(1.0)).numpy()
         from mpi4py import MPI
 
         part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
@@ -117,14 +147,27 @@ class TrainConsumer:
         flat = self._part_gradients(images[part], labels[part], weight).numpy()
         total = np.empty_like(flat)
         self.group.Allreduce(flat, total, op=MPI.SUM)
-        self._apply(total[:-1])
-        return float(total[-1])
+        return total
+
+    def _accumulated_step(self, images: np.ndarray, labels: np.ndarray) -> float:
+        """Add this batch's mean gradient; every ``batches_per_update`` batches apply their mean
+        (the same update as one step on their concatenation, the batches being equal in size)."""
+        flat = self._mean_gradient(images, labels)
+        self._pending = flat if self._pending is None else self._pending + flat
+        self._count += 1
+        if self._count == self.batches_per_update:
+            self._apply(self._pending[:-1] / np.float32(self._count))
+            self._pending, self._count = None, 0
+        return float(flat[-1])
 
     def step(self, images: np.ndarray, labels: np.ndarray) -> dict:
         if self.dequantize is not None:
             images = self.dequantize(images)
         labels = labels.astype(np.int32)
-        loss = self._data_parallel_step(images, labels) if self.group else float(self._step(images, labels))
+        if self.group is None and self.batches_per_update == 1:
+            loss = float(self._step(images, labels))  # the fused step: one rank, one batch per update
+        else:
+            loss = self._accumulated_step(images, labels)
         if not np.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss}; lower --lr")
         return {"loss": loss}
@@ -137,5 +180,6 @@ def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=Non
         return PeakConsumer()
     if cfg.consumer == "emulated":  # its rc, --slow-member's slowdown, the efficiency at its width
         return EmulatedConsumer(cfg.accelerator_rate(member, 1 if group is None else group.Get_size()), group)
-    return TrainConsumer(cfg.network, num_classes, cfg.image_size, cfg.lr_for(member),
-                         seed=cfg.seed * 1000 + member, dequantize=dequantize, group=group)
+    return TrainConsumer(cfg.network_for(member), num_classes, cfg.image_size, cfg.lr_for(member),
+                         seed=cfg.seed * 1000 + member, dequantize=dequantize, group=group,
+                         batches_per_update=cfg.batch_multiplier_for(member))

@@ -1,26 +1,32 @@
 """Train a heterogeneous ensemble in one arm's rounds, for real, and measure it (``enspipe ensemble``).
 
-:func:`enspipe.plan.ensemble.plan_rounds` says which members train together, on how many
-accelerators and for how many epochs; this module runs each round as one ``enspipe run`` job
-(emulated accelerators, one MPI rank each: ``--member-rates``, ``--data-parallel``,
-``--member-epochs``) under the launcher it is given, inside one allocation: ``mpiexec`` locally,
-``srun`` inside a Slurm job (job steps, never a new ``sbatch``). ``fleet`` and ``homogeneous``
-rounds run one after another; ``default`` rounds (one member, its own pipeline) run up to G at
-once, an accelerator taking the next member when it frees up.
+Each round is one ``enspipe run`` job (one MPI rank per accelerator: ``--data-parallel``,
+``--member-epochs`` and, emulated, ``--member-rates``; trained for real, ``--consumer train`` with
+each member's network, learning rate and early-stopping patience) under the launcher it is given,
+inside one allocation: ``mpiexec`` locally, ``srun`` inside a Slurm job (job steps, never a new
+``sbatch``). ``fleet`` and ``homogeneous`` rounds run one after another, and after each the arm is
+re-planned (:func:`enspipe.plan.ensemble.plan_rounds`) from what the members have left, read from
+their checkpoints: a member that converged early (early stopping) is done, and the freed
+accelerators go to the others in the next round. A round ends itself at the first epoch end
+where fewer ranks train than its ``stop_below`` (FLEET's re-plan point, 0.8 G; 1 for the other
+arms). ``default`` rounds (one member, its own pipeline) run up to G at once, an accelerator
+taking the next member when it frees up.
+
+**Checkpoints** (``out/checkpoints/<member>``, :mod:`enspipe.run.checkpoint`): every member
+checkpoints at each of its epoch ends (its weights and optimizer when it trains, and its state:
+epochs, images, validation losses, converged). A killed arm, started again with the same
+ensemble and options, keeps every round that finished, sets aside the one that was interrupted
+(``roundNN.interrupted``) and re-plans from the checkpoints: a member loses at most the epoch it
+was in. A checkpoint that cannot be read stops the arm before any round, naming it.
 
 The arm's record (``ensemble.json``, written atomically when the arm is done) holds the makespan
 (from the first launch to the last exit, launches included), the launch-free makespan (the rounds'
-training times, scheduled as they ran: what an in-job reallocation would approach), each round's wall time and its
-training time (first to last step, without the launch), each member's start and end on its
-accelerators (the timeline), the accelerator-busy fraction, the processes' CPU-s, node CPU-s
-(mpstat or psutil, per round; concurrent ``default`` rounds see each other, so there it is
-summed over rounds only as an upper bound and labelled so), the modelled energy and the time
-model's prediction beside the measurement. Everything is labelled ``emulated``.
-
-Checkpoints: a round's result is its ``summary.json`` (atomic). A killed arm, started again with
-the same ensemble and options, keeps every round that finished and reruns only those that had
-not: a member loses at most the round it was in (its checkpoint interval). Emulated members have
-no weights; their state is the epochs they have trained, which the plan carries.
+training times, scheduled as they ran: what an in-job reallocation would approach), each round's
+wall and training time, each member's start and end on its accelerators with its epoch ends and
+checkpoints (the timeline), the accelerator-busy fraction, the processes' CPU-s, node CPU-s (mpstat
+or psutil, per round; concurrent ``default`` rounds see each other, so there it is an upper bound
+and labelled so), the energy and the time model's prediction (from the members' epoch bounds).
+Emulated accelerators are labelled ``emulated``.
 """
 from __future__ import annotations
 
@@ -32,53 +38,134 @@ import time
 
 from enspipe.common.atomic import write_json_atomic
 from enspipe.plan.ensemble import Ensemble, Round, arm_slots, list_schedule, plan_rounds, predicted_makespan
+from enspipe.run import checkpoint
 
 RESULT = "ensemble.json"
+ROUND = "round.json"  # a round's plan, written when it starts
+
+
+def checkpoints(out: str) -> str:
+    return os.path.join(out, "checkpoints")
 
 
 def round_command(ens: Ensemble, r: Round, data: str, out: str, steps_per_epoch: int, seed: int,
-                  run_args: list[str], launcher: list[str]) -> list[str]:
-    """The ``enspipe run`` job of round ``r`` (a fresh epoch order per round: ``seed`` + index)."""
+                  run_args: list[str], launcher: list[str], validation: str | None = None) -> list[str]:
+    """The ``enspipe run`` job of round ``r`` in the arm directory ``out`` (a fresh epoch order
+    per round: ``seed`` + index)."""
     scheme = "all_shared" if r.ranks > 1 else "baseline"
-    return [*launcher, "-n", str(r.ranks), sys.executable, "-m", "enspipe", "run", "--data", data, "--out", out,
-            "--scheme", scheme, "--consumer", "emulated", "--warmup", "0", "--steps", str(r.steps(steps_per_epoch)),
-            "--member-rates", ",".join(str(ens.members[i].rate) for i in r.members),
-            "--data-parallel", ",".join(map(str, r.widths)), "--member-epochs", ",".join(map(str, r.epochs)),
-            "--scaling-efficiency", str(ens.efficiency), "--seed", str(seed + r.index), *run_args]
+    members = [ens.members[i] for i in r.members]
+    if ens.trains:
+        consumer = ["--consumer", "train", "--member-networks", ",".join(m.network for m in members),
+                    "--lr", ",".join(str(m.lr) for m in members),
+                    "--member-patience", ",".join(str(m.patience) for m in members), "--min-delta", str(ens.min_delta),
+                    "--member-batch-multipliers", ",".join(str(m.batch_multiplier) for m in members),
+                    *(["--validation-data", validation] if validation else [])]
+    else:
+        consumer = ["--consumer", "emulated", "--member-rates", ",".join(str(m.rate) for m in members),
+                    "--scaling-efficiency", str(ens.efficiency)]
+    return [*launcher, "-n", str(r.ranks), sys.executable, "-m", "enspipe", "run", "--data", data,
+            "--out", _round_dir(out, r), "--scheme", scheme, *consumer, "--warmup", "0",
+            "--steps", str(r.steps(steps_per_epoch)), "--data-parallel", ",".join(map(str, r.widths)),
+            "--member-epochs", ",".join(map(str, r.epochs)), "--member-names", ",".join(m.name for m in members),
+            "--checkpoint-dir", checkpoints(out), "--stop-below", str(r.stop_below), "--seed", str(seed + r.index),
+            *run_args]
 
 
-def _round_dir(out: str, r: Round) -> str:
-    return os.path.join(out, f"round{r.index:02d}")
+def _round_dir(out: str, r: Round | int) -> str:
+    return os.path.join(out, f"round{r if isinstance(r, int) else r.index:02d}")
 
 
-def _done(out: str, r: Round) -> bool:
-    return os.path.exists(os.path.join(_round_dir(out, r), "summary.json"))
+def _finished(out: str, index: int) -> bool:
+    return os.path.exists(os.path.join(_round_dir(out, index), "summary.json"))
+
+
+def member_states(ens: Ensemble, out: str) -> dict[int, checkpoint.MemberState | None]:
+    """Every member's checkpointed state (None: not trained yet); raises CheckpointError."""
+    return {i: checkpoint.load(checkpoints(out), m.name, m.network) for i, m in enumerate(ens.members)}
+
+
+def epochs_left(ens: Ensemble, out: str) -> dict[int, int]:
+    """The epochs each unfinished member has left, from its checkpoint (converged: none)."""
+    left = {}
+    for i, s in member_states(ens, out).items():
+        e = ens.members[i].epochs - (s.epochs if s else 0)
+        if e > 0 and not (s and s.converged):
+            left[i] = e
+    return left
+
+
+def resume_problems(ens: Ensemble, out: str) -> list[str]:
+    """Why the arm in ``out`` cannot go on from its checkpoints (empty: it can, or it is new): a
+    checkpoint unreadable, or missing or behind what the finished rounds say its member trained."""
+    trained: dict[str, int] = {}
+    for index in _round_indices(out):
+        if not _finished(out, index):
+            continue
+        with open(os.path.join(_round_dir(out, index), "summary.json")) as f:
+            ranks = json.load(f)["ranks"]
+        for x in ranks:  # each member's first rank speaks for it
+            if x["rank"] == min(y["rank"] for y in ranks if y["member"] == x["member"]):
+                trained[x["member_name"]] = trained.get(x["member_name"], 0) + x["epochs_trained"]
+    out_problems = []
+    for m in ens.members:
+        p = checkpoint.problem(checkpoints(out), m.name, m.network)
+        if p is None:
+            state = checkpoint.load(checkpoints(out), m.name, m.network)
+            done = state.epochs if state else 0
+            if done < trained.get(m.name, 0):
+                p = (f"{os.path.join(checkpoints(out), m.name)}: the finished rounds trained {m.name} "
+                     f"{trained[m.name]} epochs but its checkpoint holds {done}"
+                     + (" (missing)" if state is None else "") + "; remove the arm's directory to start over")
+        if p is not None:
+            out_problems.append(p)
+    return out_problems
+
+
+def _round_indices(out: str) -> list[int]:
+    return sorted(int(d[5:]) for d in os.listdir(out) if d.startswith("round") and d[5:].isdigit()) \
+        if os.path.isdir(out) else []
+
+
+def _set_aside_interrupted(out: str) -> list[int]:
+    """Rename rounds that started but never finished (a killed arm) to ``roundNN.interrupted``;
+    their members' progress is in their checkpoints. Returns their indices."""
+    gone = [i for i in _round_indices(out) if not _finished(out, i)]
+    for i in gone:
+        for path in (_round_dir(out, i), _round_dir(out, i) + ".log"):
+            if os.path.exists(path):
+                os.replace(path, path.replace(f"round{i:02d}", f"round{i:02d}.interrupted")
+                           if path.endswith(".log") else path + ".interrupted")
+    return gone
 
 
 def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images: int, seed: int = 0,
-            run_args: list[str] | None = None, launcher: list[str] | None = None, say=print) -> dict:
+            run_args: list[str] | None = None, launcher: list[str] | None = None, validation: str | None = None,
+            say=print) -> dict:
     """Run ``arm``'s rounds (see the module) and write ``out/ensemble.json``; returns the record.
     Raises RuntimeError naming the round and its log when a round fails."""
     run_args, launcher = run_args or [], launcher or [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
     steps_per_epoch = num_images // batch
-    rounds = plan_rounds(ens, arm, num_images)
     os.makedirs(out, exist_ok=True)
     if os.path.exists(os.path.join(out, RESULT)):
         os.remove(os.path.join(out, RESULT))  # a rerun's record appears only when it is complete
-    resumed = [r.index for r in rounds if _done(out, r)]
+    interrupted = _set_aside_interrupted(out)
+    resumed = _round_indices(out)  # finished before this start
+    done = [_read_round(ens, out, i) for i in resumed]
     slots = arm_slots(ens, arm)
-    pending = [r for r in rounds if not _done(out, r)]
     running: list[tuple[Round, subprocess.Popen, float, object]] = []
     times: dict[int, tuple[float, float]] = {}
+    next_index = max(resumed + interrupted, default=-1) + 1
+    pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), next_index)
     t0 = time.time()
     while pending or running:
         while pending and len(running) < slots:
             r = pending.pop(0)
             os.makedirs(_round_dir(out, r), exist_ok=True)
+            write_json_atomic(os.path.join(_round_dir(out, r), ROUND), r.as_dict(ens))
             log = open(os.path.join(out, f"round{r.index:02d}.log"), "w")
-            cmd = round_command(ens, r, data, _round_dir(out, r), steps_per_epoch, seed, run_args, launcher)
+            cmd = round_command(ens, r, data, out, steps_per_epoch, seed, run_args, launcher, validation)
             say(f"{arm} round {r.index}: {', '.join(ens.members[i].name for i in r.members)} on "
-                f"{'+'.join(map(str, r.widths))} accelerators, {'/'.join(map(str, r.epochs))} epochs")
+                f"{'+'.join(map(str, r.widths))} accelerators, at most {'/'.join(map(str, r.epochs))} epochs")
             running.append((r, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), time.time(), log))
         time.sleep(0.05)
         for item in list(running):
@@ -94,25 +181,41 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
                 raise RuntimeError(f"{arm} round {r.index} failed (exit {proc.returncode}); see "
                                    f"{os.path.join(out, f'round{r.index:02d}.log')}")
             times[r.index] = (started - t0, time.time() - t0)
-    record = _record(ens, arm, rounds, out, times, resumed, t0, time.time() - t0, num_images)
+            done.append(r)
+            if slots == 1:  # re-plan from the checkpoints: early stopping may have finished members
+                pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), r.index + 1)
+    left = epochs_left(ens, out)
+    if left:
+        raise RuntimeError(f"{arm}: every round finished but members still have epochs left: "
+                           f"{ {ens.members[i].name: e for i, e in left.items()} }")
+    record = _record(ens, arm, sorted(done, key=lambda r: r.index), out, times, resumed, interrupted, t0,
+                     time.time() - t0, num_images)
     write_json_atomic(os.path.join(out, RESULT), record)
     return record
 
 
-def _member_span(rdir: str, rank: int) -> tuple[float | None, float | None]:
-    """Wall times of a rank's first and last training (not idle) step, from its event log."""
+def _read_round(ens: Ensemble, out: str, index: int) -> Round:
+    with open(os.path.join(_round_dir(out, index), ROUND)) as f:
+        return Round.from_dict(json.load(f), ens)
+
+
+def _member_events(rdir: str, rank: int) -> tuple[float | None, float | None, list[dict]]:
+    """Wall times of a rank's first and last training (not idle) step, and its epoch ends."""
     first = last = None
+    epochs = []
     with open(os.path.join(rdir, f"events.rank{rank:04d}.jsonl")) as f:
         for e in map(json.loads, f):
             if e["event"] == "step" and not e.get("idle"):
                 t = e["t"]
                 first = t - e.get("wait_s", 0.0) - e.get("compute_s", 0.0) if first is None else first
                 last = t
-    return first, last
+            elif e["event"] == "member_epoch":
+                epochs.append(e)
+    return first, last, epochs
 
 
 def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict, resumed: list[int],
-            t0: float, makespan: float, num_images: int) -> dict:
+            interrupted: list[int], t0: float, makespan: float, num_images: int) -> dict:
     rows, timeline = [], []
     busy = cpu = node_cpu = energy = 0.0
     for r in rounds:
@@ -122,12 +225,16 @@ def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict,
         ranks = s["ranks"]
         first_rank = {m: min(x["rank"] for x in ranks if x["member"] == k) for k, m in enumerate(r.members)}
         for k, m in enumerate(r.members):
-            start, end = _member_span(rdir, first_rank[m])
+            start, end, epochs = _member_events(rdir, first_rank[m])
             mine = [x for x in ranks if x["member"] == k]
             timeline.append({"round": r.index, "member": ens.members[m].name, "accelerators": r.placement.get(m),
-                             "width": r.widths[k], "epochs": r.epochs[k],
+                             "width": r.widths[k], "epochs_planned": r.epochs[k],
+                             "epochs": mine[0]["epochs_trained"],
                              "start": None if start is None else start - t0,  # s since the arm began
                              "end": None if end is None else end - t0,
+                             "checkpoints": [{"t": e["t"] - t0, "epochs": e["epochs"], "val_loss": e["val_loss"],
+                                              "converged": e["converged"]} for e in epochs],
+                             "converged": bool(epochs and epochs[-1]["converged"]),
                              "trained_images": mine[0]["trained_images"],
                              "busy_seconds": sum(x["accelerator_busy_seconds"] for x in mine)})
         busy += sum(x["accelerator_busy_seconds"] for x in ranks)
@@ -136,20 +243,27 @@ def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict,
         energy += s.get("energy_joules") or 0.0
         rows.append({**r.as_dict(ens), "ranks": r.ranks, "wall": times.get(r.index),
                      "train_seconds": s["measured_window"]["seconds"],
+                     "stopped_early": any(x["stopped_early"] for x in ranks),
                      "resumed": r.index in resumed, "node_cpu_seconds": s.get("node_cpu_seconds_total"),
                      "cpu_seconds": s["cpu_seconds_total"], "energy_joules": s.get("energy_joules"),
                      "energy_source": s.get("energy_source")})
     concurrent = arm == "default" and ens.accelerators > 1
+    whole = not resumed and not interrupted
+    states = member_states(ens, out)
     return {
-        "arm": arm, "emulated": True, "accelerators": ens.accelerators, "members": [m.__dict__ for m in ens.members],
+        "arm": arm, "emulated": not ens.trains, "accelerators": ens.accelerators,
+        "members": [m.__dict__ for m in ens.members],
+        "member_states": {ens.members[i].name: s.as_dict() if s else None for i, s in states.items()},
         "num_images": num_images, "efficiency": ens.efficiency, "replan_below": ens.replan_below,
-        "tolerance": ens.tolerance, "resumed_rounds": resumed,
-        "makespan_seconds": makespan if not resumed else None,
+        "tolerance": ens.tolerance, "resumed_rounds": resumed, "interrupted_rounds": interrupted,
+        "makespan_seconds": makespan if whole else None,
         # without the rounds' launches (a job per round here; FLEET's runtime reallocates inside one):
         # the rounds' training times one after another, or (default) list-scheduled on G as they ran
         "launch_free_makespan_seconds": list_schedule([x["train_seconds"] for x in rows], arm_slots(ens, arm)),
-        "predicted_makespan_seconds": predicted_makespan(ens, arm, rounds),
-        "accelerator_busy_fraction": busy / (ens.accelerators * makespan) if makespan > 0 and not resumed else None,
+        "predicted_makespan_seconds": predicted_makespan(ens, arm, plan_rounds(ens, arm, num_images)),
+        "predicted_note": "the time model on the members' epoch bounds (early stopping can only end sooner)"
+        + ("; the training rates are the spec's profiles, not emulated" if ens.trains else ""),
+        "accelerator_busy_fraction": busy / (ens.accelerators * makespan) if makespan > 0 and whole else None,
         "accelerator_busy_seconds": busy, "cpu_seconds": cpu,
         "node_cpu_seconds": node_cpu, "node_cpu_note": "summed over concurrent rounds that each saw the whole "
         "node: an upper bound" if concurrent else "summed over rounds, one after another",

@@ -77,19 +77,41 @@ def _check_members(cfg: RunConfig, n: int) -> None:
     from enspipe.data.manifest import read_manifest
 
     members = len(cfg.member_ranks(n))
-    for name, values in (("member_rates", cfg.member_rates), ("member_epochs", cfg.member_epochs)):
-        if values is not None and len(values) not in ({1, members} if name == "member_epochs" else {members}):
+    for name, values in (("member_rates", cfg.member_rates), ("member_epochs", cfg.member_epochs),
+                         ("member_networks", cfg.member_networks), ("member_names", cfg.member_names),
+                         ("member_patience", cfg.member_patience),
+                         ("member_batch_multipliers", cfg.member_batch_multipliers)):
+        if values is not None and len(values) not in ({1, members} if name in (
+                "member_epochs", "member_patience", "member_batch_multipliers") else {members}):
             raise ConfigError(name, f"{len(values)} values for {members} members",
                               f"pass one per member ({members}: the ranks over --data-parallel)")
+    if cfg.member_names is not None:
+        bad = [x for x in cfg.member_names if not x.replace("-", "").replace("_", "").replace(".", "").isalnum()]
+        if bad or len(set(cfg.member_names)) != len(cfg.member_names):
+            raise ConfigError("member_names", f"names must be distinct and of letters, digits, '-', '_' and '.', got "
+                              f"{list(cfg.member_names)}", "name each member once, e.g. a,b,c")
     if cfg.slow_member is not None and cfg.slow_member[0] >= members:
         raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {members}",
                           f"pass a member below {members}")
+    if cfg.checkpoint_dir is not None:  # a member resumes from its checkpoint, never silently from scratch
+        from enspipe.run import checkpoint
+
+        for m in range(members):
+            problem = checkpoint.problem(cfg.checkpoint_dir, cfg.name_of(m),
+                                         cfg.network_for(m) if cfg.consumer == "train" else None)
+            if problem:
+                raise ConfigError("checkpoint_dir", problem, "restore it, or remove it to start the member over")
     if cfg.member_epochs is not None:  # members leave at an epoch's end: it must end on a batch's
         images = read_manifest(cfg.data).num_images
         if images % cfg.global_batch:
             raise ConfigError("member_epochs", f"the dataset's {images} images are not a whole number of "
                               f"batches of {cfg.global_batch}, so an epoch ends inside a batch",
                               "pick a --batch-size that divides it (or a dataset of a multiple of the batch)")
+        spe = images // cfg.global_batch
+        uneven = [cfg.batch_multiplier_for(m) for m in range(members) if spe % cfg.batch_multiplier_for(m)]
+        if uneven:  # a checkpoint at an epoch's end must not hold half an update
+            raise ConfigError("member_batch_multipliers", f"{uneven} do not divide an epoch's {spe} batches",
+                              f"pick multipliers that divide {spe}")
 
 
 def _planned(cfg: RunConfig, comm) -> RunConfig:
@@ -200,6 +222,8 @@ class _Window:
     clocks: tuple[dict, dict]
     exchange: dict
     slurm_joules: tuple[float | None, float | None]
+    steps: int          # measured steps (fewer than --steps when --stop-below ended the run early)
+    stopped_early: bool
 
 
 def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
@@ -268,12 +292,49 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     epochs = cfg.epochs_for(cfg.member_of(rank))  # --member-epochs: then its accelerators idle
     member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images),
                      DeliveryCounter(manifest.num_images), events, progress,
-                     until=None if epochs is None else epochs * manifest.num_images // cfg.global_batch)
+                     until=None if epochs is None else epochs * manifest.num_images // cfg.global_batch,
+                     life=_life(cfg, comm, consumer, preprocessing, manifest.num_images) if epochs else None)
     started = time.time()
     if monitor:
         monitor.mark("warmup_start", started)
     return _Job(cfg, comm, scheme, progress, where, affinity, monitor, heartbeat, events, manifest, preprocessing,
                 transport, pipeline, consumer, member, _slurm_counter(cfg) if rank == 0 else None, started)
+
+
+def _life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) -> "_Life":
+    """A member's epoch ends across runs: its state restored from its checkpoint (or new), the
+    validation set it is judged on, and whether this rank writes its checkpoints."""
+    from enspipe.run import checkpoint
+
+    rank = comm.Get_rank()
+    m = cfg.member_of(rank)
+    name, network = cfg.name_of(m), cfg.network_for(m) if cfg.consumer == "train" else None
+    state = checkpoint.load(cfg.checkpoint_dir, name, network) if cfg.checkpoint_dir else None
+    if state is None:
+        state = checkpoint.MemberState(name, network)
+    elif state.weights is not None:
+        checkpoint.restore(cfg.checkpoint_dir, state, consumer.trackable())
+    state.runs.append({"out": os.path.abspath(cfg.out), "started": time.time(), "epochs": 0})
+    validation = None
+    if cfg.validation_data and cfg.consumer == "train":
+        from enspipe.data.validation import load_validation
+
+        validation = load_validation(cfg.validation_data, preprocessing, cfg.image_size)
+    writer = cfg.checkpoint_dir is not None and rank == cfg.member_ranks(comm.Get_size())[m][0]
+    return _Life(cfg.checkpoint_dir if writer else None, state, validation, cfg.patience_for(m), cfg.min_delta,
+                 epoch_images)
+
+
+@dataclass
+class _Life:
+    """What a member carries from epoch end to epoch end (see :meth:`_Member.epoch_end`)."""
+
+    checkpoint_dir: str | None   # where this rank writes the member's checkpoints (its first rank only)
+    state: object                # enspipe.run.checkpoint.MemberState: over every run so far
+    validation: tuple | None     # (images, labels) of --validation-data
+    patience: int
+    min_delta: float
+    epoch_images: int
 
 
 def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preprocessing: str, where, events):
@@ -314,8 +375,14 @@ def _measure(job: _Job, warmup_steps: int, steady: bool | None) -> _Window:
         job.monitor.mark("measure_start", wall0)
     job.events.log(keys.MEASURE_START, step=warmup_steps, steady=steady)
     job.progress["stage"] = "measured window"
+    steps, stopped_early = 0, False
     for step in range(warmup_steps, warmup_steps + job.cfg.steps):
         job.member.step(step, measured=True)
+        steps += 1
+        if job.cfg.stop_below is not None and job.member.epoch_ends(step) and \
+                _count(job.comm, job.member.training_after(step)) < job.cfg.stop_below:
+            stopped_early = True  # too few accelerators would stay busy: the plan goes on without this run
+            break
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
     preprocessed = None if prep0 is None else job.pipeline.preprocessed - prep0  # None: the service's workers
@@ -323,11 +390,11 @@ def _measure(job: _Job, warmup_steps: int, steady: bool | None) -> _Window:
     comm1 = job.transport.stats.as_dict()
     exchange = {k: v - comm0[k] for k, v in comm1.items()}  # collectives in the measured window
     slurm_j1 = _read_slurm(job.slurm)
-    job.events.log(keys.MEASURE_END, step=warmup_steps + job.cfg.steps)
+    job.events.log(keys.MEASURE_END, step=warmup_steps + steps, stopped_early=stopped_early)
     if job.monitor:
         job.monitor.mark("measure_end", wall1)
     return _Window(seconds, cpu_seconds, (wall0, wall1), thread_cpu, preprocessed, (clock0, clock1), exchange,
-                   (slurm_j0, slurm_j1))
+                   (slurm_j0, slurm_j1), steps, stopped_early)
 
 
 def _stop(job: _Job) -> int:
@@ -350,7 +417,7 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
     epochs = member.ledger.completed()
     for e in epochs:
         job.events.log(keys.EPOCH, **e)
-    skipped = job.pipeline.skipped(warmup_steps + cfg.steps)
+    skipped = job.pipeline.skipped(warmup_steps + w.steps)
     short: dict[int, list[str] | None] = dict.fromkeys(member.ledger.short() if job.scheme.exactly_once else ())
     wanted = expected_keys(job.manifest) if short else None
     if wanted:  # an epoch short of the manifest: the keys it lacks tell skipped from lost
@@ -369,12 +436,17 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
         "stages": stages.breakdown(*w.clocks, w.thread_cpu, w.exchange, cpu_seconds),
         "step_time_p50": _percentile(member.step_times, 50), "step_time_p95": _percentile(member.step_times, 95),
         "wait_time_mean": float(np.mean(member.waits)) if member.waits else None,
-        "starved_fraction": member.starved / cfg.steps,
+        "starved_fraction": member.starved / w.steps,
         "queue_occupancy": job.pipeline.occupancy_stats(*w.wall),
         "epochs": epochs, "partial_epoch": member.ledger.partial(),
         "skipped": [k for ks in skipped.values() for k in ks], "skipped_by_epoch": skipped,
         "short_epochs": short,
         "trained_images": member.trained, "accelerator_busy_seconds": member.busy_seconds,
+        "member_name": cfg.name_of(cfg.member_of(rank)),
+        "network": cfg.network_for(cfg.member_of(rank)) if cfg.consumer == "train" else None,
+        "epochs_trained": member.epochs_trained,
+        "member_state": member.life.state.as_dict() if member.life else None,
+        "steps_measured": w.steps, "stopped_early": w.stopped_early,
         "loss_first": member.losses[0] if member.losses else None,
         "loss_last": member.losses[-1] if member.losses else None,
         "device": getattr(job.consumer, "device", None),
@@ -506,9 +578,11 @@ class _Member:
     exactly-once ledger and logs one event per step; the measured steps' numbers accumulate."""
 
     def __init__(self, cfg: RunConfig, rank: int, pipeline, consumer, ledger, delivery, events, progress: dict,
-                 until: int | None = None):
+                 until: int | None = None, life: "_Life | None" = None):
         self.cfg, self.pipeline, self.consumer, self.ledger, self.events = cfg, pipeline, consumer, ledger, events
         self.until = until  # the step from which its member has trained its epochs: its accelerators idle
+        self.life = life    # --member-epochs: its epoch ends (validation, checkpoint, early stopping)
+        self.epochs_trained = 0  # in this run
         self.trained, self.busy_seconds = 0, 0.0  # images trained on and seconds training, every step
         self.delivery = delivery  # what it saw, judged alike for every arm (DeliveryCounter)
         self.progress = progress
@@ -539,6 +613,8 @@ class _Member:
         if not idle:
             self.trained += len(batch)
             self.busy_seconds += t_done - t_got
+            if self.life is not None and self.trained % self.life.epoch_images == 0:
+                out = {**out, **self.epoch_end(step)}
         self.ledger.add(batch.meta[:, 0], batch.meta[:, 1])
         self.delivery.add(batch.meta[:, 0], batch.meta[:, 2], batch.stream)
         if measured:
@@ -557,6 +633,40 @@ class _Member:
         clock.add("consume", t_done - t_got, cpu_done - cpu_got)
         clock.add("hand_off", t_got - t_req, time.thread_time() - cpu_done + cpu_got - cpu_req)
         return _Look(starved, saturated, sum(queues.values()))
+
+
+    def epoch_end(self, step: int) -> dict:
+        """The member has trained another whole epoch at ``step``: validate it, decide whether it
+        has converged (early stopping), checkpoint it (its first rank), and, converged or at its
+        epochs' bound, leave its accelerators idle from the next step."""
+        from enspipe.plan.ensemble import converged
+        from enspipe.run import checkpoint
+
+        life, state = self.life, self.life.state
+        self.epochs_trained += 1
+        state.epochs += 1
+        state.images += life.epoch_images
+        state.runs[-1]["epochs"] = self.epochs_trained
+        val = self.consumer.evaluate(*life.validation) if life.validation is not None else None
+        if val is not None:
+            state.val_losses.append(val)
+        state.converged = converged(state.val_losses, life.patience, life.min_delta)
+        saved = checkpoint.save(life.checkpoint_dir, state, self.consumer.trackable()) if life.checkpoint_dir else None
+        if state.converged:
+            self.until = step + 1
+        self.events.log(keys.MEMBER_EPOCH, step=step, member=state.name, epochs=state.epochs, val_loss=val,
+                        converged=state.converged, checkpoint=saved if life.checkpoint_dir else None,
+                        idle_from=self.until)
+        return {"member_epoch": state.epochs, **({"val_loss": val} if val is not None else {})}
+
+    def epoch_ends(self, step: int) -> bool:
+        """Whether every member's epoch ends with ``step`` (every member has trained or idled
+        through the same steps of the one stream)."""
+        return (step + 1) * self.cfg.global_batch % self.ledger.num_images == 0
+
+    def training_after(self, step: int) -> int:
+        """1 while this rank's member still trains after ``step``, else 0."""
+        return int(self.until is None or self.until > step + 1)
 
 
 class _Look(NamedTuple):
@@ -619,6 +729,17 @@ def _all(comm, flag: bool) -> bool:
     out = np.zeros(1, np.int32)
     wait_quietly([comm.Iallreduce(np.array([int(flag)], np.int32), out, op=MPI.MIN)])
     return bool(out[0])
+
+
+def _count(comm, value: int) -> int:
+    """The sum of ``value`` over every rank (an all-reduce that sleeps while it waits)."""
+    from mpi4py import MPI
+
+    from enspipe.exchange.base import wait_quietly
+
+    out = np.zeros(1, np.int64)
+    wait_quietly([comm.Iallreduce(np.array([value], np.int64), out, op=MPI.SUM)])
+    return int(out[0])
 
 
 def _stop_producers(comm, pipeline) -> int:

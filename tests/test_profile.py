@@ -1,0 +1,58 @@
+"""Measured profiles (issue 19): `enspipe profile` trains a network as one data-parallel member on
+g = 1, 2, ... ranks, caches the rates per machine, and an ensemble spec's member reads them."""
+import json
+
+import pytest
+
+from conftest import enspipe
+from enspipe.plan.ensemble import Ensemble
+from enspipe.plan.errors import ConfigError
+from enspipe.plan.fleet import fill_rates, measured_profile
+
+
+def test_rates_between_and_beyond_the_measured_counts():
+    assert fill_rates([1, 2, 4], [100, 180, 300]) == (100, 180, 240, 300)
+    assert fill_rates([2], [200]) == (100, 200)
+    p = measured_profile("a", (100, 180), 4)
+    assert p.source == "measured" and p.rates[:2] == (100, 180) and p.rates[3] < 4 * 90  # decays beyond
+    assert measured_profile("b", (50,), 2).rates == (50, 100)
+    with pytest.raises(ConfigError):
+        fill_rates([1, 1], [1, 2])
+
+
+def test_a_member_with_measured_rates_is_planned_on_them():
+    ens = Ensemble.from_dict({"accelerators": 2, "members": [
+        {"name": "a", "rate": 100, "epochs": 1, "network": "tiny", "rates": [100, 50]}]})
+    assert ens.profile(0).source == "measured" and ens.profile(0).rate(2) == 50
+    with pytest.raises(ConfigError):  # a measured profile is a network's
+        Ensemble.from_dict({"accelerators": 2, "members": [{"name": "a", "rate": 1, "epochs": 1, "rates": [1]}]})
+
+
+@pytest.mark.mpi
+def test_profile_measures_each_count_caches_it_and_a_spec_reads_it(dataset, tmp_path):
+    cache = tmp_path / "profiles"
+    args = ["profile", "--network", "tiny", "--data", dataset, "--cache", cache, "--accelerators", "1,2",
+            "--batch-size", 10, "--steps", 4, "--image-size", 32, "--", "--warmup", 2, "--cpu-monitor", "none"]
+    r = enspipe(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (path,) = cache.glob("tiny_32px_b10_*.json")
+    rec = json.loads(path.read_text())
+    assert rec["source"] == "measured" and rec["device"] == "CPU" and rec["accelerators"] == [1, 2]
+    assert all(x["rate"] > 0 and x["trained_images"] == 60 for x in rec["runs"])  # 2 + 4 steps of 10
+    again = enspipe(*args)
+    assert again.returncode == 0 and "cached" in again.stdout
+    assert json.loads(path.read_text())["measured"] == rec["measured"]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"accelerators": 2, "members": [
+        {"name": "a", "epochs": 1, "network": "tiny", "profile": str(path)},
+        {"name": "b", "epochs": 1, "network": "vgg_a", "profile": str(path)}]}))
+    r = enspipe("ensemble", "--spec", spec, "--arm", "fleet", "--data", dataset, "--out", tmp_path / "o",
+                "--batch-size", 10)
+    assert r.returncode == 2 and "'vgg_a'" in r.stderr and "profile" in r.stderr, r.stderr[-2000:]
+
+
+def test_bad_profile_options_exit_2(dataset, tmp_path):
+    r = enspipe("profile", "--network", "tiny", "--data", dataset, "--cache", tmp_path, "--accelerators", "0")
+    assert r.returncode == 2 and "--accelerators" in r.stderr
+    r = enspipe("profile", "--network", "nope", "--data", dataset, "--cache", tmp_path)
+    assert r.returncode == 2 and "--network" in r.stderr
