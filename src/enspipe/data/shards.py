@@ -359,6 +359,15 @@ def slice_of_batch(stream: tf.data.Dataset, batch: int, lo: int, hi: int) -> tf.
     return stream.batch(hi - lo)
 
 
+def without_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """``ds`` with tf.data's autotuner off: its model thread sleeps up to 10 s between passes and an
+    iterator's destructor waits for it holding the GIL, so a process that drops iterators and goes
+    on (a member's next round in ``enspipe ensemble --in-job``) stalled up to 10 s per iterator."""
+    opts = tf.data.Options()
+    opts.autotune.enabled = False
+    return ds.with_options(opts)
+
+
 class IndexedOrder:
     """The stream's order over ``(shard, record)`` numbers, an epoch at a time, as numpy arrays.
 
@@ -378,7 +387,8 @@ class IndexedOrder:
         self.names = np.array([os.path.basename(p) + ":" for p in m.paths()], dtype=object)
         self._epochs: dict[int, np.ndarray] = {}
         self._next = 0
-        self._draws = iter(tf.data.Dataset.range(2**62).flat_map(self._epoch_dataset).batch(self.size))
+        self._draws = iter(without_autotune(tf.data.Dataset.range(2**62).flat_map(self._epoch_dataset)
+                                            .batch(self.size)))
 
     def _epoch_dataset(self, e):
         """Epoch ``e``'s numbers: the shuffles and interleave of :func:`_epoch_records` (and its seed)."""

@@ -10,7 +10,7 @@ def load_validation(root: str, preprocessing: str, size: int) -> tuple[np.ndarra
     import tensorflow as tf
 
     from enspipe.data.preprocessing import EVAL_PREPROCESSING, decode
-    from enspipe.data.shards import load_manifest, load_samples, sample_stream
+    from enspipe.data.shards import load_manifest, load_samples, sample_stream, without_autotune
 
     m = load_manifest(root)
     evaluate = EVAL_PREPROCESSING[preprocessing]
@@ -18,5 +18,5 @@ def load_validation(root: str, preprocessing: str, size: int) -> tuple[np.ndarra
           .map(lambda b: load_samples(m.kind, b))
           .map(lambda b: (tf.map_fn(lambda e: evaluate(decode(e), size), b["encoded"],
                                     fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32)), b["label"])))
-    images, labels = zip(*((x.numpy(), y.numpy()) for x, y in ds))
+    images, labels = zip(*((x.numpy(), y.numpy()) for x, y in without_autotune(ds)))
     return np.concatenate(images), np.concatenate(labels).astype(np.int32)

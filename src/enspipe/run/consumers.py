@@ -8,7 +8,8 @@ of such a run says ``emulated``. ``peak``: dequeues as fast as possible (the pap
 **Data-parallel members** (``--data-parallel g``, FLEET's members on several accelerators): a
 member is g consecutive ranks, each given the whole delivered batch by the scheme; rank j of the
 member trains on its contiguous part (:func:`batch_slice`) and the member's ranks all-reduce
-gradients (an mpi4py group communicator), each weighted by its part's share of the batch, so the
+gradients (an mpi4py group communicator, or with ``--transport horovod`` the member's Horovod
+process set), each weighted by its part's share of the batch, so the
 update is the full batch's mean gradient: the same model as one accelerator on the whole batch,
 up to floating-point summation order. An emulated accelerator waits for its part at its rate
 (rc x the scaling efficiency at g, so the member runs at rc x g x efficiency(g)) and then joins
@@ -57,9 +58,13 @@ class EmulatedConsumer:
         if self.group is None:
             time.sleep(len(images) / self.rate)
             return {}
+        from enspipe.exchange.base import wait_quietly
+
         part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
         time.sleep((part.stop - part.start) / self.rate)
-        self.group.allreduce(0)  # the member's ranks step together, as their gradient all-reduce makes them
+        # the member's ranks step together, as their gradient all-reduce makes them; a rank with a
+        # smaller part waits for the others asleep (MPICH's blocking collectives spin a core)
+        wait_quietly([self.group.Ibarrier()])
         return {}
 
 
@@ -70,7 +75,7 @@ class TrainConsumer:
     emulated = False
 
     def __init__(self, network: str, num_classes: int, image_size: int, lr: float, seed: int,
-                 dequantize=None, group=None, batches_per_update: int = 1):
+                 dequantize=None, group=None, batches_per_update: int = 1, gradient_sum=None):
         import keras
         import tensorflow as tf
 
@@ -84,6 +89,7 @@ class TrainConsumer:
         self.dequantize = dequantize
         self.group = group if group is not None and group.Get_size() > 1 else None
         self.batches_per_update = batches_per_update  # FLEET's batch-size multiplier: K batches, one update
+        self.gradient_sum = gradient_sum  # --transport horovod: the member's process set sums its gradients
         self._pending, self._count = None, 0
         variables = self.model.trainable_variables
 
@@ -145,8 +151,12 @@ class TrainConsumer:
         part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
         weight = np.float32((part.stop - part.start) / len(images))
         flat = self._part_gradients(images[part], labels[part], weight).numpy()
+        if self.gradient_sum is not None:
+            return self.gradient_sum(flat)
+        from enspipe.exchange.base import wait_quietly
+
         total = np.empty_like(flat)
-        self.group.Allreduce(flat, total, op=MPI.SUM)
+        wait_quietly([self.group.Iallreduce(flat, total, op=MPI.SUM)])  # asleep while a peer still computes
         return total
 
     def _accumulated_step(self, images: np.ndarray, labels: np.ndarray) -> float:
@@ -173,13 +183,14 @@ class TrainConsumer:
         return {"loss": loss}
 
 
-def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=None):
+def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=None, gradient_sum=None):
     """The consumer of ensemble member ``member``; ``group``: its ranks' communicator when it is
-    data-parallel (``cfg.data_parallel`` > 1; every rank of a member builds the same model)."""
+    data-parallel (``cfg.data_parallel`` > 1; every rank of a member builds the same model);
+    ``gradient_sum``: what sums its gradients instead of ``group`` (Horovod's process set)."""
     if cfg.consumer == "peak":
         return PeakConsumer()
     if cfg.consumer == "emulated":  # its rc, --slow-member's slowdown, the efficiency at its width
         return EmulatedConsumer(cfg.accelerator_rate(member, 1 if group is None else group.Get_size()), group)
     return TrainConsumer(cfg.network_for(member), num_classes, cfg.image_size, cfg.lr_for(member),
                          seed=cfg.seed * 1000 + member, dequantize=dequantize, group=group,
-                         batches_per_update=cfg.batch_multiplier_for(member))
+                         batches_per_update=cfg.batch_multiplier_for(member), gradient_sum=gradient_sum)
