@@ -75,3 +75,20 @@ def test_a_failed_rank_ends_a_horovod_job_fast(dataset, tmp_path):
                 n=3, env={"ENSPIPE_INJECT_FAULT": "1:3:raise"}, timeout=120)
     assert r.returncode != 0 and time.monotonic() - t < 60
     assert "rank 1 failed" in r.stderr and not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("n, widths", [(2, "2"), (3, "1,2")])
+def test_data_parallel_gradients_over_horovod_process_sets_train_as_over_mpi4py(dataset, tmp_path, n, widths):
+    """A data-parallel member's gradients summed on its Horovod process set: the same losses, step
+    by step, as over its mpi4py group communicator (the same batches, model and weighting)."""
+    import numpy as np
+
+    train = ["--consumer", "train", "--data-parallel", widths, "--lr", "0.05"]
+    for transport in ("mpi4py", "horovod"):
+        _run(dataset, tmp_path / transport, transport, n, "all_shared", None, *train)
+    for rank in range(n):
+        a, b = step_values(tmp_path / "mpi4py", rank, "loss"), step_values(tmp_path / "horovod", rank, "loss")
+        assert len(a) == len(b) == 7
+        np.testing.assert_allclose(b, a, rtol=1e-5)
+    with open(tmp_path / "horovod" / "events.rank0001.jsonl") as f:  # rank 1 is in the 2-rank member
+        assert '"purpose": "gradients"' in f.read()

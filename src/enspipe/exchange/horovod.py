@@ -43,7 +43,10 @@ class HorovodTransport:
 
     name = "horovod"
 
-    def __init__(self, comm, groups: list[tuple[int, ...]], image_shape: tuple[int, ...], dtype, events=None):
+    def __init__(self, comm, groups: list[tuple[int, ...]], image_shape: tuple[int, ...], dtype, events=None,
+                 reduce_groups: list[tuple[int, ...]] = ()):
+        """``groups``: the scheme's exchange groups; ``reduce_groups``: data-parallel members' ranks,
+        whose gradients :meth:`allreduce_sum` sums (their process sets are registered too)."""
         import horovod.tensorflow as hvd
         import tensorflow as tf
 
@@ -52,13 +55,13 @@ class HorovodTransport:
         self.image_shape, self.dtype = tuple(image_shape), np.dtype(dtype)
         self.stats = TransportStats()
         everyone = tuple(range(size))
-        sets = {g: hvd.ProcessSet(list(g)) for g in groups if g != everyone}
+        sets = {g: hvd.ProcessSet(list(g)) for g in dict.fromkeys([*groups, *reduce_groups]) if g != everyone}
         before = set(threadcpu.snapshot())
         hvd.init(comm=comm, process_sets=list(sets.values()))  # every rank registers the same sets
         threadcpu.name_threads(set(threadcpu.snapshot()) - before, THREAD_NAME)  # its background thread
         if hvd.rank() != self.rank or hvd.size() != size:
             raise RuntimeError(f"Horovod ranks {hvd.rank()}/{hvd.size()} differ from MPI's {self.rank}/{size}")
-        self.sets = {g: sets.get(g, hvd.global_process_set) for g in groups}
+        self.sets = {g: sets.get(g, hvd.global_process_set) for g in [*groups, *reduce_groups]}
         self.paths = {g: "horovod" for g in groups if self.rank in g}
         if events is not None:
             for g in self.paths:
@@ -124,6 +127,13 @@ class HorovodTransport:
         out = Batch(np.concatenate([r.numpy() for r in res[0::2]]), np.concatenate([r.numpy() for r in res[1::2]]))
         self.stats.add(mine, out)
         return out
+
+    def allreduce_sum(self, group: tuple[int, ...], values: np.ndarray) -> np.ndarray:
+        """The element-wise sum of ``values`` over ``group``'s ranks (a data-parallel member's
+        gradients), on its Horovod process set."""
+        hvd, ps = self.hvd, self.sets[group]
+        fn = self._fn(("allreduce", group), lambda x: hvd.allreduce(x, op=hvd.Sum, process_set=ps))
+        return fn(self.tf.constant(values)).numpy()
 
     def close(self) -> None:
         self.hvd.shutdown()
