@@ -166,9 +166,10 @@ TRAINED = {"accelerators": 2, "members": [
     "min_delta": 10.0}  # 'early' converges after 2 of its 6 epochs
 
 
-def _arm(spec, dataset, out, validation, arm="fleet"):
+def _arm(spec, dataset, out, validation, arm="fleet", in_job=False):
     return [sys.executable, "-m", "enspipe", "ensemble", "--spec", str(spec), "--arm", arm, "--data", dataset,
-            "--out", str(out), "--batch-size", str(BATCH), "--validation", validation, "--", *TINY]
+            "--out", str(out), "--batch-size", str(BATCH), "--validation", validation,
+            *(["--in-job"] if in_job else []), "--", *TINY]
 
 
 def _epoch_events(out) -> dict[str, list[int]]:
@@ -185,11 +186,13 @@ def _epoch_events(out) -> dict[str, list[int]]:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_trained_fleet_arm_replans_when_a_member_converges_and_resumes_after_a_kill(dataset, validation, tmp_path):
+@pytest.mark.parametrize("in_job", [False, True], ids=["job-per-round", "in-job"])
+def test_a_trained_fleet_arm_replans_when_a_member_converges_and_resumes_after_a_kill(dataset, validation, tmp_path,
+                                                                                      in_job):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(TRAINED))
     out = tmp_path / "fleet"
-    proc = subprocess.Popen(_arm(spec, dataset, out, validation), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_arm(spec, dataset, out, validation, in_job=in_job), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     slow = out / "checkpoints" / "slow" / "state.json"
     deadline = time.monotonic() + 300
@@ -203,10 +206,11 @@ def test_a_trained_fleet_arm_replans_when_a_member_converges_and_resumes_after_a
     kept = json.loads(slow.read_text())["epochs"]
     before = _epoch_events(out)["slow"]
     assert kept >= before[-1]  # every epoch it had finished is in its checkpoint: it loses only the one it was in
-    r = subprocess.run(_arm(spec, dataset, out, validation), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(_arm(spec, dataset, out, validation, in_job=in_job), capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((out / "ensemble.json").read_text())
-    assert rec["interrupted_rounds"] and not rec["emulated"]
+    assert rec["interrupted_rounds"] and not rec["emulated"] and rec["in_job"] is in_job
     assert any(d.endswith(".interrupted") for d in os.listdir(out))
     states = rec["member_states"]
     assert states["quick"]["epochs"] == 2 and states["slow"]["epochs"] == 6
@@ -226,12 +230,25 @@ def test_an_arm_with_patience_needs_a_validation_set_and_readable_checkpoints(da
     r = enspipe("ensemble", "--spec", spec, "--arm", "fleet", "--data", dataset, "--out", tmp_path / "o",
                 "--batch-size", BATCH)
     assert r.returncode == 2 and "--validation" in r.stderr, r.stderr[-2000:]
+    from enspipe.data.manifest import read_manifest
+    from enspipe.run.ensemble import claim_directory, identity
+
+    ens = Ensemble.from_dict(TRAINED)  # the same arm, started before: its directory and a broken state
+    assert claim_directory(str(tmp_path / "o2"), identity(ens, "fleet", read_manifest(dataset).digest, BATCH, 0, [],
+                                                          validation), False) is None
     ck = tmp_path / "o2" / "checkpoints" / "slow"
     ck.mkdir(parents=True)
     (ck / "state.json").write_text("{broken")
     r = enspipe("ensemble", "--spec", spec, "--arm", "fleet", "--data", dataset, "--out", tmp_path / "o2",
                 "--batch-size", BATCH, "--validation", validation)
     assert r.returncode == 2 and "slow" in r.stderr and "unreadable" in r.stderr, r.stderr[-2000:]
+    other = dict(TRAINED, min_delta=0.5)  # another ensemble in the same directory: refused, or started over
+    spec.write_text(json.dumps(other))
+    args = ["ensemble", "--spec", spec, "--arm", "fleet", "--data", dataset, "--out", tmp_path / "o2",
+            "--batch-size", BATCH, "--validation", validation]
+    r = enspipe(*args)
+    assert r.returncode == 2 and "--out" in r.stderr and "another arm" in r.stderr, r.stderr[-2000:]
+    assert (ck / "state.json").exists()  # nothing touched
 
 
 @pytest.mark.mpi
@@ -258,3 +275,17 @@ def test_a_batch_multiplier_is_one_update_on_the_batches_together(dataset, tmp_p
     r = enspipe("run", "--data", dataset, "--out", tmp_path / "bad", "--consumer", "train", "--batch-size", 10,
                 "--steps", 5, "--member-epochs", 1, "--member-batch-multipliers", 2, *TINY, n=1)
     assert r.returncode == 2 and "--member-batch-multipliers" in r.stderr  # 2 does not divide an epoch's 5 batches
+
+
+def test_an_arms_directory_resumes_only_the_same_arm_or_starts_fresh(tmp_path):
+    from enspipe.run.ensemble import IDENTITY, claim_directory
+
+    out = str(tmp_path / "arm")
+    assert claim_directory(out, {"arm": "fleet", "seed": 0}, False) is None  # new
+    (tmp_path / "arm" / "round00").mkdir()
+    assert claim_directory(out, {"arm": "fleet", "seed": 0}, False) is None  # the same arm: it resumes
+    assert (tmp_path / "arm" / "round00").exists()
+    assert "another arm" in claim_directory(out, {"arm": "fleet", "seed": 1}, False)
+    assert (tmp_path / "arm" / "round00").exists()  # refused: nothing touched
+    assert claim_directory(out, {"arm": "fleet", "seed": 1}, True) is None  # --fresh: emptied, then its own
+    assert sorted(os.listdir(out)) == [IDENTITY]

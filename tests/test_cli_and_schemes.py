@@ -2,7 +2,7 @@ import pathlib
 
 import pytest
 
-from conftest import enspipe, summary
+from conftest import enspipe
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.config import RunConfig
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups

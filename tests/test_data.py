@@ -49,6 +49,7 @@ def test_generation_is_deterministic_and_seed_dependent(tmp_path):
     a = make_dataset(str(tmp_path / "a"), 5, seed=7, images_per_shard=2)
     b = make_dataset(str(tmp_path / "b"), 5, seed=7, images_per_shard=2)
     c = make_dataset(str(tmp_path / "c"), 5, seed=8, images_per_shard=2)
+    assert b.files == a.files and b.digest == a.digest
     for f in a.files:
         assert open(tmp_path / "a" / f, "rb").read() == open(tmp_path / "b" / f, "rb").read()
     assert open(tmp_path / "a" / a.files[0], "rb").read() != open(tmp_path / "c" / c.files[0], "rb").read()

@@ -120,6 +120,29 @@ def test_the_default_arm_runs_members_side_by_side(dataset, tmp_path):
     assert 0 < rec["accelerator_busy_fraction"] <= 1 and rec["makespan_seconds"] > 0
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("arm", ["fleet", "default"])
+def test_an_arm_in_one_job_trains_the_same_epochs_with_one_launch(dataset, tmp_path, arm):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    cmd = _ensemble(spec, dataset, tmp_path / arm, arm)
+    r = subprocess.run(cmd[:cmd.index("--")] + ["--in-job"] + cmd[cmd.index("--"):], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((tmp_path / arm / "ensemble.json").read_text())
+    assert rec["in_job"] and rec["launches"] == 1 and rec["makespan_seconds"] > 0
+    assert len(rec["rounds"]) == len(plan_rounds(Ensemble.from_dict(SPEC), arm, 50))
+    trained = {}
+    for t in rec["timeline"]:
+        trained[t["member"]] = trained.get(t["member"], 0) + t["trained_images"]
+    assert trained == {"quick": 50, "slow": 100, "mid": 50}
+    walls = sorted(x["wall"] for x in rec["rounds"])
+    if arm == "default":  # two ranks take the members as they free up: the first two ran at once
+        assert walls[1][0] < walls[0][1]
+    else:  # one round after another, split from the same ranks
+        assert all(a[1] <= b[0] for a, b in zip(walls, walls[1:]))
+
+
 @pytest.mark.parametrize("extra, says", [
     (["--batch-size", "8"], "--batch-size"),       # 50 images are not whole batches of 8
     (["--batch-size", "10", "--", "--network", "nope"], "--network"),

@@ -259,6 +259,13 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
                    "members' early stopping judges them on (needed when a member has patience)")
     p.add_argument("--launcher", default=None, help="how a round's ranks start, e.g. 'srun' inside a Slurm "
                    "allocation (default: the mpiexec beside this Python)")
+    p.add_argument("--in-job", action="store_true", help="run the whole arm as one MPI job of G ranks, each round "
+                   "a communicator split from it (no process, TensorFlow or MPI start per round; FLEET's "
+                   "runtime); default: a job (or srun step) per round")
+    p.add_argument("--fresh", action="store_true", help="empty --out first and train from scratch; without it "
+                   "the same arm (ensemble, data, batch, seed, options) resumes from its finished rounds and "
+                   "checkpoints, and another arm's directory is refused")
+    p.add_argument("--as-job", action="store_true", help=argparse.SUPPRESS)  # one rank of --in-job's job
     p.add_argument("run_args", nargs=argparse.REMAINDER,
                    help="after --: more `enspipe run` options for every round (e.g. --network tiny --image-size 64)")
 
@@ -270,9 +277,17 @@ def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
 
     from enspipe.data.manifest import DataError, read_manifest
     from enspipe.plan.ensemble import Ensemble, plan_rounds
-    from enspipe.run.ensemble import epochs_left, resume_problems, round_command, run_arm
+    from enspipe.run.ensemble import (claim_directory, identity, resume_problems, round_command, run_arm,
+                                      run_arm_in_job)
 
     run_args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
+    if a.as_job:  # a rank of the arm's one job: the driver checked everything before launching it
+        from enspipe.run.ensemble import job_rank
+
+        with open(a.spec) as f:
+            ens = Ensemble.from_dict(_with_profiles(yaml.safe_load(f), a.spec))
+        return job_rank(ens, a.arm, a.data, a.out, a.batch_size, read_manifest(a.data).num_images, a.seed,
+                        ["--batch-size", str(a.batch_size), *run_args], a.validation)
     try:
         with open(a.spec) as f:
             spec = yaml.safe_load(f)
@@ -286,22 +301,32 @@ def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
         if any(m.patience for m in ens.members) and not a.validation:
             raise ConfigError("validation", "a member stops early on its validation loss, and no validation set "
                               "is given", "pass --validation DIR (enspipe make-dataset --seed S with another seed)")
-        problems = resume_problems(ens, a.out)
-        if problems:  # never silently restart a member from scratch
-            raise ConfigError("checkpoint", "; ".join(problems), "restore the files, or start the arm over")
-        rounds = plan_rounds(ens, a.arm, images, epochs_left(ens, a.out))
-        for r in rounds:  # the planned rounds' run options checked before the first starts
+        rounds = plan_rounds(ens, a.arm, images)
+        for r in rounds:  # the rounds' run options checked before anything is touched
             cmd = round_command(ens, r, a.data, a.out, images // a.batch_size, a.seed,
                                 ["--batch-size", str(a.batch_size), *run_args], [], a.validation)
             config_from_args(build_parser().parse_args(cmd[cmd.index("run"):]))
+        problem = claim_directory(a.out, identity(ens, a.arm, read_manifest(a.data).digest, a.batch_size, a.seed,
+                                                  run_args, a.validation), a.fresh)
+        if problem:
+            raise ConfigError("out", problem, "pass --fresh to start over there, or another --out")
+        problems = resume_problems(ens, a.out)
+        if problems:  # never silently restart a member from scratch
+            raise ConfigError("checkpoint", "; ".join(problems), "restore the files, or start the arm over")
     except (OSError, yaml.YAMLError, DataError) as e:
         fail(f"--spec/--data: {e}")
     except ConfigError as e:
         fail(str(e))
     launcher = shlex.split(a.launcher) if a.launcher else None
     try:
-        record = run_arm(ens, a.arm, a.data, a.out, a.batch_size, images, a.seed,
-                         ["--batch-size", str(a.batch_size), *run_args], launcher, a.validation, say=_say)
+        if a.in_job:
+            job = [sys.executable, "-m", "enspipe", "ensemble", "--spec", a.spec, "--arm", a.arm, "--data", a.data,
+                   "--out", a.out, "--batch-size", str(a.batch_size), "--seed", str(a.seed),
+                   *(["--validation", a.validation] if a.validation else []), "--as-job", "--", *run_args]
+            record = run_arm_in_job(ens, a.arm, a.out, images, job, launcher, say=_say)
+        else:
+            record = run_arm(ens, a.arm, a.data, a.out, a.batch_size, images, a.seed,
+                             ["--batch-size", str(a.batch_size), *run_args], launcher, a.validation, say=_say)
     except RuntimeError as e:
         print(f"enspipe ensemble: {e}", file=sys.stderr)
         return 1

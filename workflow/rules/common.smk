@@ -64,7 +64,13 @@ if HET:
             f"config: heterogeneous: num_images {HET['num_images']} is not a whole number of batches of "
             f"{HET['batch_size']} (members leave at an epoch's end); make it a multiple"
         )
+    if any(m.get("patience") for m in HET["ensemble"]["members"]) and not HET.get("validation_images"):
+        raise WorkflowError(
+            "config: heterogeneous: a member has patience (early stopping) but validation_images is 0; "
+            "set validation_images (e.g. 32) for its validation set"
+        )
     ENSEMBLES = [f"results/heterogeneous/{arm}/ensemble.json" for arm in HET.get("arms", ARMS)]
+HET_VALIDATION = "results/heterogeneous/validation" if HET and HET.get("validation_images") else None
 
 
 wildcard_constraints:

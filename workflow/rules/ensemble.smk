@@ -1,5 +1,6 @@
-# Heterogeneous ensembles (FLEET): config heterogeneous, each arm one `enspipe ensemble` job whose
-# rounds run inside its allocation (mpiexec locally; srun job steps through the slurm profile).
+# Heterogeneous ensembles (FLEET): config heterogeneous, each arm one `enspipe ensemble` run inside
+# its allocation: one MPI job whose rounds are communicators split from it (in_job, the default), or
+# a job per round (mpiexec locally; srun job steps through the slurm profile).
 import json
 
 
@@ -22,6 +23,25 @@ rule ensemble_dataset:
         "--images-per-shard 32 > {log} 2>&1"
 
 
+rule ensemble_validation:
+    """The members' validation set for early stopping (heterogeneous.validation_images, another seed)."""
+    output:
+        manifest="results/heterogeneous/validation/manifest.json",
+    params:
+        enspipe=ENSPIPE,
+        out=lambda wildcards, output: os.path.dirname(output.manifest),
+        images=lambda wildcards: HET["validation_images"],
+    conda:
+        ENV
+    log:
+        "results/logs/heterogeneous/validation.log",
+    threads: 1
+    localrule: True
+    shell:
+        "{params.enspipe} make-dataset --out {params.out} --num-images {params.images} --num-classes 10 --seed 1 "
+        "--images-per-shard 32 > {log} 2>&1"
+
+
 rule ensemble_spec:
     """The ensemble (config heterogeneous.ensemble) as the file enspipe ensemble reads."""
     output:
@@ -38,10 +58,12 @@ rule ensemble_spec:
 
 
 rule ensemble_arm:
-    """One arm (default, homogeneous or fleet) of the heterogeneous ensemble, emulated accelerators."""
+    """One arm (default, homogeneous or fleet) of the heterogeneous ensemble (emulated accelerators, or
+    members that train their networks for real)."""
     input:
         spec="results/heterogeneous/spec.json",
         manifest=f"{HET_DATA}/manifest.json",
+        validation=[f"{HET_VALIDATION}/manifest.json"] if HET_VALIDATION else [],
     output:
         result="results/heterogeneous/{arm}/ensemble.json",
     wildcard_constraints:
@@ -51,6 +73,9 @@ rule ensemble_arm:
         data=lambda wildcards, input: os.path.dirname(input.manifest),
         out=lambda wildcards, output: os.path.dirname(output.result),
         batch=lambda wildcards: HET["batch_size"],
+        options=lambda wildcards: "--fresh "  # a job the workflow (re)runs measures from scratch
+        + ("--in-job " if HET.get("in_job", True) else "")
+        + (f"--validation {HET_VALIDATION} " if HET_VALIDATION else ""),
         run_args=lambda wildcards: f"--network {HET['network']} --image-size {config['image_size']} "
         f"--monitor-interval {config.get('monitor_interval', 1)}",
     conda:
@@ -66,4 +91,5 @@ rule ensemble_arm:
         slurm_extra=slurm_extra,
     shell:
         "{params.enspipe} ensemble --spec {input.spec} --arm {wildcards.arm} --data {params.data} "
-        "--out {params.out} --batch-size {params.batch} --launcher '{resources.mpi}' -- {params.run_args} > {log} 2>&1"
+        "--out {params.out} --batch-size {params.batch} {params.options}--launcher '{resources.mpi}' -- "
+        "{params.run_args} > {log} 2>&1"

@@ -510,3 +510,18 @@ def from_options(namespace, **overrides) -> RunConfig:
     """The validated config of a parsed command line (``overrides`` win: e.g. a rate read from a file)."""
     values = {f.name: getattr(namespace, f.name) for f in option_fields() if hasattr(namespace, f.name)}
     return RunConfig(**{**values, **overrides})
+
+
+def parse_run_args(argv: list[str]) -> RunConfig:
+    """The validated config of ``enspipe run``'s options (``argv`` without the ``run`` itself), for
+    a caller that starts a cell inside its own job (``enspipe ensemble --in-job``); raises
+    :class:`ConfigError`, and on an argument that does not parse, :class:`ConfigError` too."""
+    from enspipe.plan.errors import ConfigError
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise ConfigError("run", message, "fix the round's enspipe run options")
+
+    parser = Parser(prog="enspipe run", add_help=False)
+    add_options(parser)
+    return from_options(parser.parse_args(argv))

@@ -16,9 +16,11 @@ stream (``enspipe run`` with ``--member-rates``, ``--data-parallel`` and ``--mem
   members not done join the next plan with the epochs they have left.
 
 Members train whole epochs, so a round ends on an epoch boundary and a member resumed in a later
-round goes on at the next epoch: each of its epochs is one whole, exactly-once pass (every round
-draws a fresh epoch order from its own seed). Because every member's epochs are known, the whole
-plan is known before anything runs; the runner executes it and measures how long it really took.
+round goes on at the next epoch from its checkpoint: each of its epochs is one whole, exactly-once
+pass (every round draws a fresh epoch order from its own seed). A member's ``epochs`` bound its
+training; with early stopping (``patience``) it may converge sooner, so the runner re-plans from
+what each member has left after every round (:func:`plan_rounds` with ``left``). With fixed epochs
+the re-plans equal the plan made up front, which the time model predicts from.
 """
 from __future__ import annotations
 

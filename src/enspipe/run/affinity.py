@@ -34,9 +34,15 @@ def pin_process(cpus: list[int]) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def configure_tensorflow_threads(threads: int) -> None:
-    """Size TensorFlow's op pools; must run before TensorFlow executes anything."""
+def configure_tensorflow_threads(threads: int) -> int:
+    """Size TensorFlow's op pools; takes effect only before TensorFlow executes anything. A process
+    that runs several cells (``enspipe ensemble --in-job``) keeps its first cell's pools: returns
+    the size in force."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:  # TensorFlow is initialised: its pools are fixed for the process
+        pass
+    return tf.config.threading.get_intra_op_parallelism_threads()

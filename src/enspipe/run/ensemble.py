@@ -30,8 +30,10 @@ Emulated accelerators are labelled ``emulated``.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -77,6 +79,44 @@ def _round_dir(out: str, r: Round | int) -> str:
 
 def _finished(out: str, index: int) -> bool:
     return os.path.exists(os.path.join(_round_dir(out, index), "summary.json"))
+
+
+IDENTITY = "arm.json"  # what the arm in a directory trains: its rounds and checkpoints belong to it
+
+
+def identity(ens: Ensemble, arm: str, data_digest: str, batch: int, seed: int, run_args: list[str],
+             validation: str | None) -> dict:
+    """What makes an arm's rounds and checkpoints its own: a run with another ensemble, data,
+    batch, seed or options must not resume from them."""
+    return {"arm": arm, "ensemble": json.loads(json.dumps(ens, default=lambda o: o.__dict__)),
+            "data_digest": data_digest, "batch_size": batch, "seed": seed, "run_args": list(run_args),
+            "validation": os.path.abspath(validation) if validation else None}
+
+
+def claim_directory(out: str, ident: dict, fresh: bool) -> str | None:
+    """Make ``out`` the arm's directory: new or empty, or holding this very arm (it resumes from its
+    finished rounds and checkpoints), or with ``fresh`` emptied first whatever it held; another
+    arm's (or an unknown one's) is refused: returns why."""
+    import shutil
+
+    held = os.listdir(out) if os.path.isdir(out) else []
+    path = os.path.join(out, IDENTITY)
+    if held and not fresh:
+        try:
+            with open(path) as f:
+                same = json.load(f) == ident
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            return (f"{out} holds another arm's rounds and checkpoints (or ones without {IDENTITY}); "
+                    "resuming from them would mix two experiments")
+    if held and fresh:
+        for name in held:
+            p = os.path.join(out, name)
+            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
+    os.makedirs(out, exist_ok=True)
+    write_json_atomic(path, ident)
+    return None
 
 
 def member_states(ens: Ensemble, out: str) -> dict[int, checkpoint.MemberState | None]:
@@ -154,8 +194,7 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
     slots = arm_slots(ens, arm)
     running: list[tuple[Round, subprocess.Popen, float, object]] = []
     times: dict[int, tuple[float, float]] = {}
-    next_index = max(resumed + interrupted, default=-1) + 1
-    pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), next_index)
+    pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), _next_index(out))
     t0 = time.time()
     while pending or running:
         while pending and len(running) < slots:
@@ -184,14 +223,161 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
             done.append(r)
             if slots == 1:  # re-plan from the checkpoints: early stopping may have finished members
                 pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), r.index + 1)
+    return _finish(ens, arm, out, sorted(done, key=lambda r: r.index), times, resumed, interrupted, t0, num_images,
+                   in_job=False)
+
+
+def _finish(ens: Ensemble, arm: str, out: str, done: list[Round], times: dict, resumed: list[int],
+            interrupted: list[int], t0: float, num_images: int, in_job: bool) -> dict:
     left = epochs_left(ens, out)
     if left:
         raise RuntimeError(f"{arm}: every round finished but members still have epochs left: "
                            f"{ {ens.members[i].name: e for i, e in left.items()} }")
-    record = _record(ens, arm, sorted(done, key=lambda r: r.index), out, times, resumed, interrupted, t0,
-                     time.time() - t0, num_images)
+    record = _record(ens, arm, done, out, times, resumed, interrupted, t0, time.time() - t0, num_images)
+    record["in_job"] = in_job
+    record["launches"] = 1 if in_job else len(times)
     write_json_atomic(os.path.join(out, RESULT), record)
     return record
+
+
+# -- in one job: every round a communicator of the job's ranks (--in-job) ----------------------------
+WALL = "wall.json"  # a round's start and end (Unix s), written by its first rank
+
+
+def run_arm_in_job(ens: Ensemble, arm: str, out: str, num_images: int, job: list[str],
+                   launcher: list[str] | None = None, say=print) -> dict:
+    """Run ``arm`` as ONE MPI job of G ranks (``job``: the command each rank runs, see
+    :func:`job_rank`) and write ``out/ensemble.json``: the rounds are communicators split from the
+    job's ranks, so a round costs no process, TensorFlow or MPI start, only its pipeline's and
+    models' set-up (FLEET's runtime reallocates inside its job the same way)."""
+    launcher = launcher or [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
+    os.makedirs(out, exist_ok=True)
+    if os.path.exists(os.path.join(out, RESULT)):
+        os.remove(os.path.join(out, RESULT))
+    interrupted = _set_aside_interrupted(out)
+    resumed = _round_indices(out)
+    t0 = time.time()
+    say(f"{arm}: one job of {ens.accelerators} ranks; rounds are split from it -> {out}/job.log")
+    with open(os.path.join(out, "job.log"), "w") as log:
+        rc = subprocess.run([*launcher, "-n", str(ens.accelerators), *job], stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"{arm}: the arm's job failed (exit {rc}); see {os.path.join(out, 'job.log')}")
+    done = [_read_round(ens, out, i) for i in _round_indices(out)]
+    times = {}
+    for r in done:
+        path = os.path.join(_round_dir(out, r), WALL)
+        if r.index not in resumed and os.path.exists(path):
+            with open(path) as f:
+                w = json.load(f)
+            times[r.index] = (w["start"] - t0, w["end"] - t0)
+    record = _finish(ens, arm, out, done, times, resumed, interrupted, t0, num_images, in_job=True)
+    with open(os.path.join(out, JOB_END)) as f:  # the job's exit after its last round (MPI, TensorFlow)
+        record["job_exit_seconds"] = time.time() - json.load(f)["t"]
+    write_json_atomic(os.path.join(out, RESULT), record)
+    return record
+
+
+def job_rank(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images: int, seed: int = 0,
+             run_args: list[str] | None = None, validation: str | None = None) -> int:
+    """One rank of an in-job arm (:func:`run_arm_in_job`). ``fleet`` and ``homogeneous``: rank 0
+    plans each round from the checkpoints and the job's first ``ranks`` ranks run it on a
+    communicator of their own while the others wait (quietly); ``default``: every rank takes the
+    next member's round as it frees up (claimed by creating its directory), alone on its own
+    communicator. Returns the exit status; a failed round aborts the job."""
+    from mpi4py import MPI
+
+    from enspipe.plan.config import parse_run_args
+    from enspipe.run.member import run_on
+
+    world, run_args = MPI.COMM_WORLD, run_args or []
+    rank, spe = world.Get_rank(), num_images // batch
+
+    def run_round(r: Round, comm) -> int:
+        cmd = round_command(ens, r, data, out, spe, seed, run_args, [], validation)
+        cfg = parse_run_args(cmd[cmd.index("run") + 1:])
+        start = time.time()
+        rc = run_on(cfg, comm)
+        end = time.time()
+        gc.collect()  # the round's pipeline, model and graphs, held in cycles: freed now, not at the job's exit
+        if comm.Get_rank() == 0:
+            write_json_atomic(os.path.join(_round_dir(out, r), WALL), {
+                "start": start, "end": end, "rc": rc, "collect_seconds": time.time() - end,
+                "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        return rc
+
+    first = world.bcast(_next_index(out) if rank == 0 else None, root=0)
+    rc = _job_rounds(ens, arm, out, num_images, first, run_round, world)
+    if rank == 0:  # the rounds are done: what follows until the driver sees the job exit is its teardown
+        write_json_atomic(os.path.join(out, JOB_END), {"t": time.time(), "rc": rc})
+    return rc
+
+
+JOB_END = "job-end.json"
+
+
+def _job_rounds(ens: Ensemble, arm: str, out: str, num_images: int, first: int, run_round, world) -> int:
+    from mpi4py import MPI
+
+    rank = world.Get_rank()
+    if arm_slots(ens, arm) > 1:
+        rounds = plan_rounds(ens, arm, num_images, epochs_left(ens, out), first)  # every rank: the same plan
+        _quiet(world, 0)  # read by all before any round writes a checkpoint
+        rc = 0
+        for r in rounds:
+            if rc == 0 and _claim(out, r):
+                write_json_atomic(os.path.join(_round_dir(out, r), ROUND), r.as_dict(ens))
+                self_comm = MPI.COMM_SELF.Dup()
+                rc = run_round(r, self_comm)
+                self_comm.Free()
+        return _quiet(world, rc)
+    index = first
+    while True:
+        r = None
+        if rank == 0:
+            plan = plan_rounds(ens, arm, num_images, epochs_left(ens, out), index)
+            r = plan[0] if plan else None
+            if r is not None:
+                os.makedirs(_round_dir(out, r), exist_ok=True)
+                write_json_atomic(os.path.join(_round_dir(out, r), ROUND), r.as_dict(ens))
+        r = world.bcast(r, root=0)
+        if r is None:
+            return 0
+        sub = world.Split(0 if rank < r.ranks else MPI.UNDEFINED, rank)
+        rc = 0
+        if sub != MPI.COMM_NULL:
+            rc = run_round(r, sub)
+            sub.Free()
+        if _quiet(world, rc):
+            return 1
+        index = r.index + 1
+
+
+def _quiet(comm, rc: int) -> int:
+    """The largest ``rc`` over ``comm``'s ranks, waited for without spinning (idle ranks sleep)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from enspipe.exchange.base import wait_quietly
+
+    out = np.zeros(1, np.int64)
+    wait_quietly([comm.Iallreduce(np.array([rc], np.int64), out, op=MPI.MAX)])
+    return int(out[0])
+
+
+def _claim(out: str, r: Round) -> bool:
+    """Whether this rank took round ``r`` (its directory created here first: atomic)."""
+    try:
+        os.mkdir(_round_dir(out, r))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _next_index(out: str) -> int:
+    """The index after every round started in ``out``, finished or set aside."""
+    names = os.listdir(out) if os.path.isdir(out) else []
+    used = [int(d[5:].split(".")[0]) for d in names if d.startswith("round") and d[5:].split(".")[0].isdigit()]
+    return max(used, default=-1) + 1
 
 
 def _read_round(ens: Ensemble, out: str, index: int) -> Round:

@@ -63,6 +63,20 @@ def run(cfg: RunConfig) -> int:
             print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
         return 2
 
+    return _run_guarded(cfg, comm, scheme)
+
+
+def run_on(cfg: RunConfig, comm) -> int:
+    """One rank of a cell on ``comm``, a communicator inside a longer MPI job whose ranks run one
+    cell after another (``enspipe ensemble --in-job``: TensorFlow and MPI start once, not per
+    cell). Raises :class:`ConfigError` as :func:`run` would exit 2; a failed rank aborts the job."""
+    scheme = make_scheme(cfg.scheme, comm.Get_size(), cfg.preprocessors, cfg.global_batch)
+    _check_members(cfg, comm.Get_size())
+    return _run_guarded(cfg, comm, scheme)
+
+
+def _run_guarded(cfg: RunConfig, comm, scheme) -> int:
+    rank = comm.Get_rank()
     progress = {"rank": rank, "stage": "setup", "step": None}
     try:
         return _run_member(cfg, comm, scheme, progress)
@@ -288,7 +302,13 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     # a data-parallel member's ranks all-reduce its gradients among themselves (collective: every rank splits)
     group = comm.Split(cfg.member_of(rank), rank) if max(cfg.data_parallel) > 1 else None
-    consumer = make_consumer(cfg, manifest.num_classes, cfg.member_of(rank), dequantize=dequantize, group=group)
+    gradient_sum = None  # the gradients' all-reduce: the member's group communicator, or its Horovod process set
+    if group is not None and cfg.transport == "horovod" and group.Get_size() > 1:
+        mine = tuple(cfg.member_ranks(n)[cfg.member_of(rank)])
+        gradient_sum = lambda values: transport.allreduce_sum(mine, values)  # noqa: E731
+        events.log(keys.EXCHANGE_PATH, group=list(mine), path="horovod", purpose="gradients")
+    consumer = make_consumer(cfg, manifest.num_classes, cfg.member_of(rank), dequantize=dequantize, group=group,
+                             gradient_sum=gradient_sum)
     epochs = cfg.epochs_for(cfg.member_of(rank))  # --member-epochs: then its accelerators idle
     member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images),
                      DeliveryCounter(manifest.num_images), events, progress,
@@ -348,7 +368,8 @@ def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preproc
     if cfg.transport == "horovod":
         from enspipe.exchange.horovod import HorovodTransport
 
-        transport = HorovodTransport(*common, events=events)
+        transport = HorovodTransport(*common, events=events, reduce_groups=[
+            tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1])  # data-parallel members' gradients
     else:
         transport = Mpi4pyTransport(*common, max_batch=cfg.global_batch, queue_depth=cfg.queue_depth,
                                     node_shm=cfg.node_shm, events=events, uses=scheme.uses())
