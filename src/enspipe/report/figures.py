@@ -422,8 +422,8 @@ def timeline_figure(t: pd.DataFrame, path_stem: str) -> None:
     ax.invert_yaxis()
     _save(fig, path_stem, ("EMULATED accelerators. " if t["emulated"].any() else "Members trained for real. ")
           + "Ticks: a member's checkpoints (one per epoch); star: it converged (early stopping). Shaded spans: "
-          "rounds (flotillas); between them the allocator re-plans from the checkpoints (here a new job starts, "
-          "which the gaps show).")
+          "rounds (flotillas); between them the allocator re-plans from the checkpoints (in one job, --in-job, "
+          "the gaps are its ~2 s per round; with a job per round they are the jobs' starts).")
 
 
 def power_figure(df: pd.DataFrame, idle: dict | None, path_stem: str) -> None:
