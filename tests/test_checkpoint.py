@@ -289,3 +289,23 @@ def test_an_arms_directory_resumes_only_the_same_arm_or_starts_fresh(tmp_path):
     assert (tmp_path / "arm" / "round00").exists()  # refused: nothing touched
     assert claim_directory(out, {"arm": "fleet", "seed": 1}, True) is None  # --fresh: emptied, then its own
     assert sorted(os.listdir(out)) == [IDENTITY]
+
+
+def test_a_checkpoint_keeps_batch_norms_moving_statistics(tmp_path):
+    """Not only what the optimizer updates: MobileNetV2's BatchNorm moving means and variances
+    (non-trainable) come back too."""
+    import numpy as np
+
+    from enspipe.run.consumers import TrainConsumer
+
+    a = TrainConsumer("mobilenet_v2", 10, 32, 0.01, seed=0)
+    frozen = [v for v in a.model.weights if not v.trainable]
+    assert frozen
+    rng = np.random.default_rng(0)
+    for v in frozen:
+        v.assign(rng.random(v.shape).astype("float32"))
+    a.trackable().write(str(tmp_path / "ckpt-1"))
+    b = TrainConsumer("mobilenet_v2", 10, 32, 0.01, seed=1)
+    b.trackable().read(str(tmp_path / "ckpt-1")).assert_existing_objects_matched()
+    for x, y in zip(a.model.weights, b.model.weights):
+        np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=x.name)
