@@ -13,6 +13,14 @@ import numpy as np
 META_FIELDS = ("id", "epoch", "position", "label")
 
 
+def allreduce_quietly(comm, value: int, op) -> int:
+    """``value`` reduced over ``comm``'s ranks with ``op`` (MPI.MIN, MAX, SUM), waited for with
+    :func:`wait_quietly`: a rank that waits for its peers sleeps instead of spinning a core."""
+    out = np.zeros(1, np.int64)
+    wait_quietly([comm.Iallreduce(np.array([value], np.int64), out, op=op)])
+    return int(out[0])
+
+
 def wait_quietly(requests) -> None:
     """Wait for MPI requests without spinning: MPICH busy-polls inside blocking collectives, which
     would bill a member that waits for its peers a full core. Poll with sleeps that grow with the

@@ -9,6 +9,7 @@ meter) into the summary's fields (:func:`job_fields`) and the tidy ``cpu.csv`` a
 from __future__ import annotations
 
 import json
+import platform
 import socket
 import time
 
@@ -19,6 +20,16 @@ from enspipe.common.atomic import write_csv_atomic, write_json_atomic
 
 POWER_COLUMNS = ("t", "host", "source", "domain", "watts")
 AUTO_ORDER = (("external",), ("slurm",), ("rapl", "nvml"), ("modelled",))
+
+
+def cpu_model() -> str:
+    """This host's CPU model (``/proc/cpuinfo``'s model name; the architecture where unreadable)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        return model
 
 
 def preference(requested: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:

@@ -420,9 +420,7 @@ class RunConfig:
         return rc * self.scaling_efficiency ** math.log2(width)
 
     def epochs_for(self, member: int) -> int | None:
-        if self.member_epochs is None:
-            return None
-        return self.member_epochs[0] if len(self.member_epochs) == 1 else self.member_epochs[member]
+        return _per_member(self.member_epochs, member, None)
 
     def lr_for(self, member: int) -> float:
         return self.lrs[member % len(self.lrs)]
@@ -434,13 +432,10 @@ class RunConfig:
         return self.member_names[member] if self.member_names else f"m{member}"
 
     def batch_multiplier_for(self, member: int) -> int:
-        ks = self.member_batch_multipliers
-        return 1 if not ks else ks[0] if len(ks) == 1 else ks[member]
+        return _per_member(self.member_batch_multipliers, member, 1)
 
     def patience_for(self, member: int) -> int:
-        if not self.member_patience:
-            return 0
-        return self.member_patience[0] if len(self.member_patience) == 1 else self.member_patience[member]
+        return _per_member(self.member_patience, member, 0)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -452,6 +447,18 @@ class RunConfig:
             d[k] = None if d[k] is None else list(d[k])
         d["batch_size"] = self.global_batch
         return d
+
+
+def _per_member(values: tuple | None, member: int, default):
+    """A per-member option's value for ``member``: one value for every member, or one each."""
+    if not values:
+        return default
+    return values[0] if len(values) == 1 else values[member]
+
+
+def plain_name(name: str) -> bool:
+    """Whether ``name`` may name a member's directory: letters, digits, '-', '_' and '.' only."""
+    return name.replace("-", "").replace("_", "").replace(".", "").isalnum()
 
 
 def unwritable(path: str) -> str | None:

@@ -29,6 +29,7 @@ import random
 from dataclasses import dataclass, field
 
 from enspipe.models.networks import NETWORKS
+from enspipe.plan.config import plain_name
 from enspipe.plan.errors import require
 from enspipe.plan.fleet import (Member, Profile, assign_accelerators, create_flotilla, efficiency_per_doubling,
                                 emulated_profile, flotilla_time, measured_profile)
@@ -105,7 +106,7 @@ class Ensemble:
             require(m.patience == 0 or m.network is not None, "members", f"{m.name}: early stopping needs a "
                     "validation loss, and an emulated member (no network) has none",
                     "give it a network, or leave patience out")
-            require(m.name.replace("-", "").replace("_", "").replace(".", "").isalnum(), "members",
+            require(plain_name(m.name), "members",
                     f"{m.name!r}: a name is a directory of its checkpoints", "use letters, digits, '-', '_', '.'")
         trained = {m.network is not None for m in self.members}
         require(len(trained) == 1, "members", "some members name a network and some do not: a round's members "

@@ -354,14 +354,11 @@ def _job_rounds(ens: Ensemble, arm: str, out: str, num_images: int, first: int, 
 
 def _quiet(comm, rc: int) -> int:
     """The largest ``rc`` over ``comm``'s ranks, waited for without spinning (idle ranks sleep)."""
-    import numpy as np
     from mpi4py import MPI
 
-    from enspipe.exchange.base import wait_quietly
+    from enspipe.exchange.base import allreduce_quietly
 
-    out = np.zeros(1, np.int64)
-    wait_quietly([comm.Iallreduce(np.array([rc], np.int64), out, op=MPI.MAX)])
-    return int(out[0])
+    return allreduce_quietly(comm, rc, MPI.MAX)
 
 
 def _claim(out: str, r: Round) -> bool:
@@ -443,7 +440,7 @@ def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict,
         "num_images": num_images, "efficiency": ens.efficiency, "replan_below": ens.replan_below,
         "tolerance": ens.tolerance, "resumed_rounds": resumed, "interrupted_rounds": interrupted,
         "makespan_seconds": makespan if whole else None,
-        # without the rounds' launches (a job per round here; FLEET's runtime reallocates inside one):
+        # without the rounds' start-up (a job per round, or in one job --in-job its set-up and report):
         # the rounds' training times one after another, or (default) list-scheduled on G as they ran
         "launch_free_makespan_seconds": list_schedule([x["train_seconds"] for x in rows], arm_slots(ens, arm)),
         "predicted_makespan_seconds": predicted_makespan(ens, arm, plan_rounds(ens, arm, num_images)),

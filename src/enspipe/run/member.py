@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.config import RunConfig
+from enspipe.plan.config import RunConfig, plain_name
 from enspipe.plan.grid import Cell
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme, node_groups
 from enspipe.common import keys
@@ -100,7 +100,7 @@ def _check_members(cfg: RunConfig, n: int) -> None:
             raise ConfigError(name, f"{len(values)} values for {members} members",
                               f"pass one per member ({members}: the ranks over --data-parallel)")
     if cfg.member_names is not None:
-        bad = [x for x in cfg.member_names if not x.replace("-", "").replace("_", "").replace(".", "").isalnum()]
+        bad = [x for x in cfg.member_names if not plain_name(x)]
         if bad or len(set(cfg.member_names)) != len(cfg.member_names):
             raise ConfigError("member_names", f"names must be distinct and of letters, digits, '-', '_' and '.', got "
                               f"{list(cfg.member_names)}", "name each member once, e.g. a,b,c")
@@ -655,7 +655,6 @@ class _Member:
         clock.add("hand_off", t_got - t_req, time.thread_time() - cpu_done + cpu_got - cpu_req)
         return _Look(starved, saturated, sum(queues.values()))
 
-
     def epoch_end(self, step: int) -> dict:
         """The member has trained another whole epoch at ``step``: validate it, decide whether it
         has converged (early stopping), checkpoint it (its first rank), and, converged or at its
@@ -676,7 +675,7 @@ class _Member:
         if state.converged:
             self.until = step + 1
         self.events.log(keys.MEMBER_EPOCH, step=step, member=state.name, epochs=state.epochs, val_loss=val,
-                        converged=state.converged, checkpoint=saved if life.checkpoint_dir else None,
+                        converged=state.converged, checkpoint=saved,
                         idle_from=self.until)
         return {"member_epoch": state.epochs, **({"val_loss": val} if val is not None else {})}
 
@@ -745,22 +744,18 @@ def _all(comm, flag: bool) -> bool:
     """Whether ``flag`` holds on every rank (an all-reduce that sleeps while it waits)."""
     from mpi4py import MPI
 
-    from enspipe.exchange.base import wait_quietly
+    from enspipe.exchange.base import allreduce_quietly
 
-    out = np.zeros(1, np.int32)
-    wait_quietly([comm.Iallreduce(np.array([int(flag)], np.int32), out, op=MPI.MIN)])
-    return bool(out[0])
+    return bool(allreduce_quietly(comm, int(flag), MPI.MIN))
 
 
 def _count(comm, value: int) -> int:
     """The sum of ``value`` over every rank (an all-reduce that sleeps while it waits)."""
     from mpi4py import MPI
 
-    from enspipe.exchange.base import wait_quietly
+    from enspipe.exchange.base import allreduce_quietly
 
-    out = np.zeros(1, np.int64)
-    wait_quietly([comm.Iallreduce(np.array([value], np.int64), out, op=MPI.SUM)])
-    return int(out[0])
+    return allreduce_quietly(comm, value, MPI.SUM)
 
 
 def _stop_producers(comm, pipeline) -> int:
@@ -768,12 +763,9 @@ def _stop_producers(comm, pipeline) -> int:
     collectives all complete, and discard the batches no one will consume; returns how many."""
     from mpi4py import MPI
 
-    from enspipe.exchange.base import wait_quietly
+    from enspipe.exchange.base import allreduce_quietly
 
-    begun = np.array([pipeline.freeze()], np.int64)
-    last = np.zeros(1, np.int64)
-    wait_quietly([comm.Iallreduce(begun, last, op=MPI.MAX)])
-    pipeline.finish(int(last[0]))
+    pipeline.finish(allreduce_quietly(comm, pipeline.freeze(), MPI.MAX))
     return pipeline.drain()
 
 
@@ -844,15 +836,11 @@ def _inject(kind: str, step: int) -> None:
 
 def _machine(tf) -> dict:
     """What the numbers were measured on (rank 0's node)."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
+    from enspipe.measure.node import cpu_model
+
     gpus = [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
             for d in tf.config.list_physical_devices("GPU")]
-    return {"node": platform.node(), "cpu_model": model, "cpus": os.cpu_count(),
+    return {"node": platform.node(), "cpu_model": cpu_model(), "cpus": os.cpu_count(),
             "gpus": f"{len(gpus)}x {gpus[0]}" if gpus else None}
 
 

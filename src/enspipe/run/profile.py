@@ -27,19 +27,15 @@ from enspipe.common.atomic import write_json_atomic
 
 def machine() -> dict:
     """What a profile was measured on: the host, its CPU model and count, its GPUs."""
-    model = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
+    from enspipe.measure.node import cpu_model
+
     try:
         gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                               text=True, timeout=20).stdout.split("\n")
         gpus = [g.strip() for g in gpus if g.strip()]
     except (OSError, subprocess.SubprocessError):
         gpus = []
-    return {"node": platform.node(), "cpu_model": model, "cpus": os.cpu_count(), "gpus": gpus}
+    return {"node": platform.node(), "cpu_model": cpu_model(), "cpus": os.cpu_count(), "gpus": gpus}
 
 
 def machine_key(m: dict) -> str:
