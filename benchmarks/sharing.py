@@ -18,7 +18,8 @@ baseline``, baseline's CPU over the scheme's (the paper's CPU reduction; its cei
 The second splits each scheme's gap to its ideal by stage (:mod:`enspipe.measure.stages`): per stage, the
 scheme's median CPU per delivered image minus the ideal share of the baseline's (x 1/N), in
 microseconds; the stages add up to the gap. ``--transport horovod`` adds Horovod's background
-thread to the exchange.
+thread to the exchange. ``--block-images 1,32`` runs each sharing scheme one batch at a time and
+in units (the run's ``--block-images``), interleaved; the script ends with the sharing goals' verdicts.
 """
 from __future__ import annotations
 
@@ -38,11 +39,13 @@ PREPROCESSING = ("read", "preprocess")
 COMM_THREADS = ("enspipe-horovod",)  # Horovod's background thread does its collectives' work
 
 
-def cell_args(scheme, p, a) -> list:
+def cell_args(scheme, p, block, a) -> list:
     args = ["--scheme", scheme, "--network", a.network, "--consumer", "peak", "--batch-size", a.batch,
             "--steps", a.steps, "--warmup", a.warmup, "--image-size", a.size, "--transport", a.transport]
     if p:
         args += ["--preprocessors", p]
+    if block:
+        args += ["--block-images", block]
     if a.exchange == "mpi":
         args += ["--no-node-shm"]
     if a.cores:
@@ -50,18 +53,22 @@ def cell_args(scheme, p, a) -> list:
     return args
 
 
-def cells(ns: list[int], schemes: list[str]) -> list[tuple[str, int, int | None]]:
+Cell = tuple[str, int, "int | None", "int | None"]  # scheme, N, P (None: N), --block-images (None: default)
+
+
+def cells(ns: list[int], schemes: list[str], blocks: list[int | None]) -> list[Cell]:
+    """Every scheme at every N (the baseline once per N, the others once per ``--block-images``)."""
     out = []
     for n in ns:
         for scheme in schemes:
             kind = SCHEME_KINDS[scheme]
             if kind.service:  # the peer: one worker, and one per member (All-Shared's cores)
-                out += [(scheme, n, p) for p in sorted({1, n})]
+                out += [(scheme, n, p, None) for p in sorted({1, n})]
                 continue
             p = max(1, n // 2) if kind.takes_p else None
             if kind.takes_p and p > kind.p_max(n):
                 continue
-            out.append((scheme, n, p))
+            out += [(scheme, n, p, b) for b in ([None] if scheme == "baseline" else blocks)]
     return out
 
 
@@ -82,7 +89,8 @@ def measure(s: dict) -> dict:
     return {"rate": s["images_per_second_per_member"],
             "cpu": float(np.mean([r["cpu_seconds"] / r["images"] for r in ranks])),
             "stages": stages,
-            "exch_prep": (sum(stages[k] for k in EXCHANGE) + horovod) / prep if prep else float("nan")}
+            "exch_prep": (sum(stages[k] for k in EXCHANGE) + horovod) / prep if prep else float("nan"),
+            "unit": s.get("unit_batches") or 1}
 
 
 def ideal_share(scheme: str, n: int, p: int | None) -> float:
@@ -108,57 +116,83 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=None, help="--cores per member (default: all)")
     ap.add_argument("--schemes", default="baseline,all_shared,single_broadcast,multi_broadcast",
                     help=f"comma-separated, of {', '.join(SCHEME_KINDS)}")
+    ap.add_argument("--block-images", default="",
+                    help="comma-separated --block-images values to run each sharing scheme with, interleaved "
+                         "(e.g. 1,32: one batch at a time against units); default: the run's default")
     a = ap.parse_args()
     data = dataset(a.images)
     ns = [int(n) for n in a.ns.split(",")]
+    blocks = [int(b) for b in a.block_images.split(",")] if a.block_images else [None]
     schemes = a.schemes.split(",")
     if "baseline" not in schemes:
         schemes = ["baseline", *schemes]  # the ideal and the reduction are against it
-    todo = cells(ns, schemes)
+    todo = cells(ns, schemes, blocks)
     print(f"{a.network}, batch {a.batch}, {a.size} px, {a.warmup}+{a.steps} steps, transport {a.transport}, "
           f"exchange {a.exchange}, cores {a.cores or 'all'}, {os.cpu_count()} CPUs, {a.repeats} repeats interleaved",
           flush=True)
     runs: dict = {c: [] for c in todo}
     failed: list[str] = []
     for rep, cell in itertools.product(range(a.repeats), todo):
-        scheme, n, p = cell
+        scheme, n, p, block = cell
         try:
-            runs[cell].append(measure(run_cell(data, n, cell_args(scheme, p, a))))
+            runs[cell].append(measure(run_cell(data, n, cell_args(scheme, p, block, a))))
         except RuntimeError as e:
-            failed.append(f"{scheme} N={n} repeat {rep}: {str(e).splitlines()[-1]}")
+            failed.append(f"{scheme} N={n} block {block} repeat {rep}: {str(e).splitlines()[-1]}")
+    report(todo, runs, a.repeats)
+    for f in failed:
+        print(f"failed: {f}")
 
-    print(f"\n{'scheme':<18}{'N':>3}{'P':>3}{'img/s/member':>22}{'CPU ms/img/member':>22}{'spread':>8}"
-          f"{'ideal ms':>10}{'vs baseline':>13}{'exch/prep':>11}")
-    med = {c: {"cpu": float(np.median([r["cpu"] for r in rs])),
+
+def report(todo: list[Cell], runs: dict, repeats: int) -> None:
+    """The two tables and the goals' verdicts."""
+    med = {c: {"cpu": float(np.median([r["cpu"] for r in rs])), "rate": float(np.median([r["rate"] for r in rs])),
                "stages": {k: float(np.median([r["stages"][k] for r in rs])) for k in STAGES}}
            for c, rs in runs.items() if rs}
+    one = {c[3]: med[c]["rate"] for c in med if c[0] == "all_shared" and c[1] == 1}  # one member's rate, per block
+    print(f"\n{'scheme':<18}{'N':>3}{'P':>3}{'block':>6}{'unit':>5}{'img/s/member':>22}{'vs N=1':>8}"
+          f"{'CPU ms/img/member':>22}{'spread':>8}{'ideal ms':>10}{'vs baseline':>13}{'exch/prep':>11}")
+    verdicts = []
     for cell in todo:
-        scheme, n, p = cell
+        scheme, n, p, block = cell
         rs = runs[cell]
+        label = f"{scheme:<18}{n:>3}{p or n:>3}{block or '-':>6}"
         if not rs:
-            print(f"{scheme:<18}{n:>3}{p or n:>3}  (every repeat failed)")
+            print(f"{label}  (every repeat failed)")
             continue
         rates, cpus = [r["rate"] for r in rs], [r["cpu"] for r in rs]
         worst = max(max(abs(v / np.median(vs) - 1) for v in vs) for vs in (rates, cpus))
-        base = med.get(("baseline", n, None))
+        base = med.get(("baseline", n, None, None))
         ideal = base["cpu"] * ideal_share(scheme, n, p) if base else float("nan")
         vs = base["cpu"] / med[cell]["cpu"] if base else float("nan")
-        print(f"{scheme:<18}{n:>3}{p or n:>3}{spread(rates, digits=0):>22}{spread(cpus, 1000):>22}{worst:>8.0%}"
-              f"{1000 * ideal:>10.2f}{vs:>12.2f}x{np.median([r['exch_prep'] for r in rs]):>11.1%}")
+        of_one = med[cell]["rate"] / one[block] if block in one else float("nan")
+        exch = float(np.median([r["exch_prep"] for r in rs]))
+        unit = "/".join(sorted({str(r["unit"]) for r in rs}))
+        print(f"{label}{unit:>5}{spread(rates, digits=0):>22}{of_one:>8.0%}{spread(cpus, 1000):>22}{worst:>8.0%}"
+              f"{1000 * ideal:>10.2f}{vs:>12.2f}x{exch:>11.1%}")
+        if scheme == "all_shared" and n > 1:
+            verdicts += [(f"{label.strip()}: CPU reduction {vs:.2f}x >= 0.9 N = {0.9 * n:.1f}x", vs >= 0.9 * n),
+                         (f"{label.strip()}: exchange + copies {exch:.1%} of preprocessing <= 5%", exch <= 0.05)]
+            if n == 4:
+                verdicts.append((f"{label.strip()}: {of_one:.0%} of one member's rate >= 90%", of_one >= 0.9))
+        if repeats >= 3:
+            verdicts.append((f"{label.strip()}: repeat spread {worst:.0%} <= 15%", worst <= 0.15))
 
-    print(f"\nGap to the ideal by stage, us of CPU per delivered image per member (scheme's median minus the "
-          f"ideal share of the baseline's):")
-    print(f"{'scheme':<18}{'N':>3}{'P':>3}" + "".join(f"{s:>12}" for s in STAGES) + f"{'gap':>10}")
+    print("\nGap to the ideal by stage, us of CPU per delivered image per member (scheme's median minus the "
+          "ideal share of the baseline's):")
+    print(f"{'scheme':<18}{'N':>3}{'P':>3}{'block':>6}" + "".join(f"{s:>12}" for s in STAGES) + f"{'gap':>10}")
     for cell in todo:
-        scheme, n, p = cell
-        base = med.get(("baseline", n, None))
+        scheme, n, p, block = cell
+        base = med.get(("baseline", n, None, None))
         if scheme == "baseline" or cell not in med or not base:
             continue
         share = ideal_share(scheme, n, p)
         gaps = [med[cell]["stages"][s] - share * base["stages"][s] for s in STAGES]
-        print(f"{scheme:<18}{n:>3}{p or n:>3}" + "".join(f"{1e6 * g:>12.0f}" for g in gaps) + f"{1e6 * sum(gaps):>10.0f}")
-    for f in failed:
-        print(f"failed: {f}")
+        print(f"{scheme:<18}{n:>3}{p or n:>3}{block or '-':>6}" + "".join(f"{1e6 * g:>12.0f}" for g in gaps)
+              + f"{1e6 * sum(gaps):>10.0f}")
+    if verdicts:
+        print(f"\nGoals (issue 15): {sum(ok for _, ok in verdicts)} of {len(verdicts)} met")
+        for text, ok in verdicts:
+            print(f"  {'met ' if ok else 'MISS'}  {text}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import pytest
 from conftest import enspipe
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.config import RunConfig
-from enspipe.plan.schemes import AUTO, SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups
+from enspipe.plan.schemes import AUTO, MAX_UNIT_BATCHES, SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups
 
 
 @pytest.mark.parametrize("args, option", [
@@ -80,6 +80,27 @@ def test_shares_cover_the_batch_unevenly_allowed(batch, p):
     assert covered == list(range(batch))
     sizes = [hi - lo for lo, hi in shares[:p]]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_unit_holds_block_images_of_the_smallest_share_at_most_eight_batches():
+    """Every rank derives the same unit from the scheme: ceil(block / smallest share), 1..8."""
+    assert make_scheme("baseline", 4, None, 32).unit_batches(32, 32) == 1  # the whole batch is the share
+    assert make_scheme("all_shared", 2, None, 32).unit_batches(32, 32) == 2
+    assert make_scheme("all_shared", 4, None, 32).unit_batches(32, 32) == 4
+    assert make_scheme("all_shared", 3, None, 32).unit_batches(32, 32) == 4  # shares 11, 11, 10
+    assert make_scheme("all_shared", 4, None, 64).unit_batches(64, 32) == 2
+    assert make_scheme("all_shared", 32, None, 32).unit_batches(32, 32) == MAX_UNIT_BATCHES
+    assert make_scheme("single_broadcast", 4, 1, 32).unit_batches(32, 32) == 1  # one preprocessor, whole batches
+    assert make_scheme("all_shared", 4, None, 32).unit_batches(32, 1) == 1
+    for n in range(1, 9):
+        s = make_scheme("multi_broadcast", 8, n, 32)
+        assert {s.unit_batches(32, 32) for _ in range(3)} == {min(8, -(-32 // (32 // n)))}
+
+
+def test_block_images_is_checked():
+    with pytest.raises(ConfigError) as e:
+        RunConfig(data=".", out="o", block_images=0)
+    assert e.value.field == "block_images" and "block-images" in str(e.value)
 
 
 def test_scheme_shapes():

@@ -62,6 +62,30 @@ def test_shared_batches_equal_a_single_members(dataset, tmp_path):
     assert step_values(tmp_path / "one", 0) == step_values(tmp_path / "three", 2)
 
 
+@pytest.mark.parametrize("scheme, p, shm", [("all_shared", None, True), ("all_shared", None, False),
+                                            ("multi_broadcast", 2, True),
+                                            pytest.param("single_broadcast", 2, False, marks=pytest.mark.slow)])
+def test_units_deliver_the_batches_one_at_a_time_does(dataset, tmp_path, scheme, p, shm):
+    """A member that reads, preprocesses and exchanges several batches at a time (the default:
+    ``--block-images 32`` makes units of 8 batches of 8 here, crossing the epoch's end) delivers
+    the very batches, bit for bit and in order, that one batch at a time does; on node-shared
+    memory and on the MPI collectives, whose receive buffers then hold a unit more."""
+    extra = (["--preprocessors", str(p)] if p else []) + ([] if shm else ["--no-node-shm"])
+    common = [*with_option(COMMON, "--steps", 20), "--batch-checksums", "--scheme", scheme, *extra]
+    runs = {}
+    for block in ("1", "32"):
+        out = tmp_path / block
+        r = enspipe("run", "--data", dataset, "--out", out, "--block-images", block, *common, n=3)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[block] = out
+        assert summary(out)["unit_batches"] == (1 if block == "1" else 8)
+    for rank in range(3):
+        one, units = (step_values(runs[b], rank, "batch_checksum") for b in ("1", "32"))
+        assert len(one) == 20 and one == units, rank
+    ones = summary(runs["1"])["ranks"]
+    assert [r["epochs"] for r in summary(runs["32"])["ranks"]] == [r["epochs"] for r in ones]
+
+
 @pytest.mark.parametrize("scheme, p", [pytest.param("all_shared", None, marks=pytest.mark.slow),
                                        pytest.param("single_broadcast", 2, marks=pytest.mark.slow),
                                        ("multi_broadcast", 2)])

@@ -428,22 +428,27 @@ class IndexedOrder:
 
 
 def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt: bool, batch: int,
-                lo: int, hi: int, options: tf.data.Options | None = None):
+                lo: int, hi: int, options: tf.data.Options | None = None, unit: int = 1):
     """This member's share ``[lo, hi)`` of every global batch of the stream, read and parsed: an
     iterator of numpy dicts (``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``), one
-    per global batch. Only the share's records are read where the stream is :func:`indexed`, and
-    only the share's positions are looked at (:class:`IndexedOrder`)."""
+    per ``unit`` consecutive global batches (their shares one after the other). Only the share's
+    records are read where the stream is :func:`indexed`, and only the share's positions are looked
+    at (:class:`IndexedOrder`)."""
     if not indexed(m):
         ds = slice_of_batch(sample_stream(m, order_seed, shuffle_buffer, skip_corrupt), batch, lo, hi)
         if options is not None:
             ds = ds.with_options(options)
-        for b in ds.map(lambda b: load_samples(m.kind, b)):
-            yield {k: v.numpy() for k, v in b.items()}
-        return
+        slices = ({k: v.numpy() for k, v in b.items()} for b in ds.map(lambda b: load_samples(m.kind, b)))
+        while True:
+            group = list(itertools.islice(slices, unit))
+            if not group:
+                return
+            yield group[0] if unit == 1 else {k: np.concatenate([g[k] for g in group]) for k in group[0]}
     order, reader = IndexedOrder(m, order_seed, shuffle_buffer), RecordReader(m, skip_corrupt)
+    share = np.arange(lo, hi, dtype=np.int64)
     try:
-        for step in itertools.count():
-            b = order.at(np.arange(step * batch + lo, step * batch + hi, dtype=np.int64))
+        for first in itertools.count(0, unit):
+            b = order.at(np.concatenate([(first + i) * batch + share for i in range(unit)]))
             parsed = [parse_slim(reader.read(int(s), int(r)), key) for s, r, key in zip(b.pop("shard"), b.pop("record"),
                                                                                        b["key"])]
             b["encoded"] = np.empty(len(parsed), object)

@@ -82,19 +82,22 @@ class TransportStats:
 class Transport(Protocol):
     """What :class:`~enspipe.exchange.engine.ExchangeEngine` needs of a transport (mpi4py with or
     without node-shared memory, Horovod): three group collectives over the groups it was built
-    with, each leaving the member with the assembled batch; ``counts`` (block sizes, in the group's
-    order) are exchanged first where the caller does not know them. ``stats`` accounts the payload
+    with, each on a unit of consecutive batches (this member's block of each, or None) and leaving
+    the member with the unit's assembled batches; ``counts`` (block sizes in the group's order, the
+    same for every batch of the unit) are exchanged first where the caller does not know them. ``stats`` accounts the payload
     and time; ``paths`` says how each of this member's groups exchanges."""
 
     name: str
     stats: TransportStats
     paths: dict[tuple[int, ...], str]
 
-    def allgatherv(self, group: tuple[int, ...], mine: Batch, counts: list[int] | None = None) -> Batch: ...
+    def allgatherv(self, group: tuple[int, ...], mine: list[Batch], counts: list[int] | None = None
+                   ) -> list[Batch]: ...
 
-    def broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None, count: int | None = None) -> Batch: ...
+    def broadcast(self, group: tuple[int, ...], root: int, batches: list[Batch | None], count: int | None = None
+                  ) -> list[Batch]: ...
 
-    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None,
-                         counts: list[int] | None = None) -> Batch: ...
+    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: list[Batch | None],
+                         counts: list[int] | None = None) -> list[Batch]: ...
 
     def close(self) -> None: ...

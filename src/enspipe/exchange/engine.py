@@ -5,8 +5,9 @@ A batch travels as two contiguous arrays: ``images`` (b, S, S, 3) in the wire dt
 corrupt records may be skipped they are exchanged first, so a preprocessor that skipped one
 simply contributes a shorter block.
 
-Transports implement three group collectives; :class:`Mpi4pyTransport` uses mpi4py's
-buffer-based (uppercase) non-blocking calls on communicators built once per run.
+Transports implement three group collectives, each on a unit of consecutive batches at once
+(their requests in flight together, one barrier or wait for all); :class:`Mpi4pyTransport` uses
+mpi4py's buffer-based (uppercase) non-blocking calls on communicators built once per run.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ class BufferRing:
     """Receive buffers allocated once and reused in turn.
 
     Allocating a fresh batch per step costs as much CPU as the copy itself (page faults on first
-    touch). A slot is reused ``slots`` steps later, so ``slots`` must exceed the number of batches
-    alive downstream at once: the compute queue's capacity, the one being consumed and the one
-    waiting to enter the queue (``queue_depth + 2``).
+    touch). A slot is reused ``slots`` takes later, so ``slots`` must exceed the number of batches
+    alive at once: the compute queue's capacity, the one being consumed and the unit being
+    received (``queue_depth + 1 + unit``; the previous unit's batches are all queued by then).
     """
 
     def __init__(self, slots: int, max_batch: int, image_shape: tuple[int, ...], dtype):
@@ -61,7 +62,7 @@ class Mpi4pyTransport:
 
     def __init__(self, comm, groups: list[tuple[int, ...]], image_shape: tuple[int, ...], dtype,
                  max_batch: int, queue_depth: int, node_shm: bool = True, events=None,
-                 uses: dict[tuple[int, ...], int] | None = None):
+                 uses: dict[tuple[int, ...], int] | None = None, unit: int = 1):
         from mpi4py import MPI
 
         from enspipe.exchange import shm
@@ -72,10 +73,11 @@ class Mpi4pyTransport:
         self.stats = TransportStats()
         self.comms, self.windows, self.paths = {}, {}, {}
         # A group that several steps use assembles several batches per global batch: its window (and
-        # the receive ring of a rank in several steps) holds that many more slots.
+        # the receive ring of a rank in several steps) holds that many more slots; ``unit`` batches
+        # are exchanged at a time.
         uses = uses or {}
         for g in groups:  # every rank splits for every group, in the same order
-            slots = shm.slots_for(queue_depth) * uses.get(g, 1)
+            slots = shm.slots_for(queue_depth, unit) * uses.get(g, 1)
             need = shm.window_bytes(slots, max_batch, self.image_shape, self.dtype)
             c = comm.Split(0 if self.rank in g else MPI.UNDEFINED, key=self.rank)
             if c == MPI.COMM_NULL:
@@ -100,70 +102,95 @@ class Mpi4pyTransport:
                 events.log(keys.EXCHANGE_PATH, group=list(g), path=path,
                            **({"reason": why} if path == "mpi" else {"window_bytes": need}))
         takes = sum(uses.get(g, 1) for g in self.comms if g not in self.windows)
-        self.ring = BufferRing((queue_depth + 2) * takes, max_batch, self.image_shape, self.dtype) if takes else None
+        self.ring = BufferRing((queue_depth + 1 + unit) * takes, max_batch, self.image_shape, self.dtype) if takes else None
 
     def _wait(self, requests) -> None:
         wait_quietly(requests)
 
-    def _counts(self, c, mine: int, known: list[int] | None) -> np.ndarray:
+    def _counts(self, c, mine: list[int], known: list[int] | None) -> list[np.ndarray]:
+        """Per batch of the unit, each group member's block size: ``known`` for every batch, or
+        exchanged (one all-gather for the whole unit)."""
         if known is not None:
-            return np.asarray(known, np.int64)
-        counts = np.empty(c.Get_size(), np.int64)
-        self._wait([c.Iallgather(np.array([mine], np.int64), counts)])
-        return counts
+            return [np.asarray(known, np.int64)] * len(mine)
+        counts = np.empty((c.Get_size(), len(mine)), np.int64)
+        self._wait([c.Iallgather(np.asarray(mine, np.int64), counts)])
+        return [np.ascontiguousarray(col) for col in counts.T]
 
-    def _assemble(self, group, mine: Batch | None, counts: np.ndarray) -> Batch:
-        out = self.windows[group].assemble(mine, counts)
-        self.stats.add(mine if counts[self.comms[group].Get_rank()] else None, out)
+    @staticmethod
+    def _givers_only(counts_each: list[np.ndarray], givers: list[int]) -> list[np.ndarray]:
+        """Each batch's block sizes with every group member but the ``givers`` (group-local ranks,
+        a broadcast's root or the block broadcasts' roots) at 0: what the shared window assembles."""
+        out = []
+        for n in counts_each:
+            z = np.zeros_like(n)
+            z[givers] = n[givers]
+            out.append(z)
         return out
 
-    def allgatherv(self, group: tuple[int, ...], mine: Batch, counts: list[int] | None = None) -> Batch:
+    def _assemble(self, group, mine: list[Batch | None], counts: list[np.ndarray]) -> list[Batch]:
+        outs = self.windows[group].assemble(mine, counts)
+        me = self.comms[group].Get_rank()
+        for b, n, out in zip(mine, counts, outs):
+            self.stats.add(b if n[me] else None, out)
+        return outs
+
+    def allgatherv(self, group: tuple[int, ...], mine: list[Batch], counts: list[int] | None = None) -> list[Batch]:
         c = self.comms[group]
-        counts = self._counts(c, len(mine), counts)
+        counts_each = self._counts(c, [len(b) for b in mine], counts)
         if group in self.windows:
-            return self._assemble(group, mine, counts)
-        out = self.ring.take(int(counts.sum()))
-        self._wait([c.Iallgatherv(mine.meta, [out.meta, (counts * 4).tolist()]),
-                    c.Iallgatherv(mine.images, [out.images, (counts * self.image_size).tolist()])])
-        self.stats.add(mine, out)
-        return out
+            return self._assemble(group, mine, counts_each)
+        outs = [self.ring.take(int(n.sum())) for n in counts_each]
+        requests = []
+        for b, out, n in zip(mine, outs, counts_each):  # the unit's collectives in flight together
+            requests += [c.Iallgatherv(b.meta, [out.meta, (n * 4).tolist()]),
+                         c.Iallgatherv(b.images, [out.images, (n * self.image_size).tolist()])]
+        self._wait(requests)
+        for b, out in zip(mine, outs):
+            self.stats.add(b, out)
+        return outs
 
-    def broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None, count: int | None = None) -> Batch:
-        c, local_root = self.comms[group], group.index(root)
+    def broadcast(self, group: tuple[int, ...], root: int, batches: list[Batch | None],
+                  count: int | None = None) -> list[Batch]:
+        c, local_root, is_root = self.comms[group], group.index(root), self.rank == root
         if count is None:
-            n = np.array([len(batch) if self.rank == root else 0], np.int64)
+            n = np.array([len(b) if is_root else 0 for b in batches], np.int64)
             self._wait([c.Ibcast(n, root=local_root)])
-            count = int(n[0])
+            count_each = [int(x) for x in n]
+        else:
+            count_each = [count] * len(batches)
         if group in self.windows:
-            counts = np.zeros(c.Get_size(), np.int64)
-            counts[local_root] = count
-            return self._assemble(group, batch if self.rank == root else None, counts)
-        out = batch if self.rank == root else self.ring.take(count)
-        self._wait([c.Ibcast(out.meta, root=local_root), c.Ibcast(out.images, root=local_root)])
-        self.stats.add(out if self.rank == root else None, out)
-        return out
+            counts = self._givers_only([np.full(c.Get_size(), k, np.int64) for k in count_each], [local_root])
+            return self._assemble(group, batches if is_root else [None] * len(batches), counts)
+        outs = batches if is_root else [self.ring.take(k) for k in count_each]
+        self._wait([r for out in outs for r in (c.Ibcast(out.meta, root=local_root),
+                                                 c.Ibcast(out.images, root=local_root))])
+        for out in outs:
+            self.stats.add(out if is_root else None, out)
+        return outs
 
-    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None,
-                         counts: list[int] | None = None) -> Batch:
+    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: list[Batch | None],
+                         counts: list[int] | None = None) -> list[Batch]:
         c = self.comms[group]
-        counts = self._counts(c, len(mine) if mine is not None else 0, counts)
+        counts_each = self._counts(c, [len(b) if b is not None else 0 for b in mine], counts)
         local_roots = [group.index(r) for r in roots]
         if group in self.windows:
-            only_roots = np.zeros_like(counts)
-            only_roots[local_roots] = counts[local_roots]
-            return self._assemble(group, mine, only_roots)
-        out = self.ring.take(int(counts[local_roots].sum()))
-        requests, offset = [], 0
-        for r, lr in zip(roots, local_roots):
-            block = Batch(out.images[offset:offset + counts[lr]], out.meta[offset:offset + counts[lr]])
-            if r == self.rank:
-                self.stats.copy(block.images, mine.images)
-                self.stats.copy(block.meta, mine.meta)
-            requests += [c.Ibcast(block.meta, root=lr), c.Ibcast(block.images, root=lr)]
-            offset += int(counts[lr])
+            return self._assemble(group, mine, self._givers_only(counts_each, local_roots))
+        outs, requests = [], []
+        for b, n in zip(mine, counts_each):
+            out = self.ring.take(int(n[local_roots].sum()))
+            offset = 0
+            for r, lr in zip(roots, local_roots):
+                block = Batch(out.images[offset:offset + n[lr]], out.meta[offset:offset + n[lr]])
+                if r == self.rank:
+                    self.stats.copy(block.images, b.images)
+                    self.stats.copy(block.meta, b.meta)
+                requests += [c.Ibcast(block.meta, root=lr), c.Ibcast(block.images, root=lr)]
+                offset += int(n[lr])
+            outs.append(out)
         self._wait(requests)
-        self.stats.add(mine, out)
-        return out
+        for b, out in zip(mine, outs):
+            self.stats.add(b, out)
+        return outs
 
     def close(self) -> None:
         for w in self.windows.values():
@@ -174,36 +201,44 @@ class Mpi4pyTransport:
 
 
 class ExchangeEngine:
-    """Runs a scheme's steps for one rank: ``run(my_block_or_None) -> the full batch``.
+    """Runs a scheme's steps for one rank: ``run(my blocks) -> the full batches``, a unit of
+    ``unit`` consecutive global batches at a time (:meth:`enspipe.plan.schemes.Scheme.unit_batches`):
+    each step exchanges the whole unit in one call, so its fixed costs (a barrier, a wait) are paid
+    once per unit.
 
     With ``fixed_blocks`` every preprocessor contributes exactly its share of each global batch of
     ``batch`` samples, so block sizes follow from the scheme and are not exchanged; without it
     (corrupt records may be skipped) each collective first exchanges them.
     """
 
-    def __init__(self, scheme: Scheme, rank: int, transport: Transport, batch: int, fixed_blocks: bool):
+    def __init__(self, scheme: Scheme, rank: int, transport: Transport, batch: int, fixed_blocks: bool,
+                 unit: int = 1):
         self.scheme, self.rank, self.transport = scheme, rank, transport
-        self.batch, self.fixed_blocks = batch, fixed_blocks
+        self.batch, self.fixed_blocks, self.unit = batch, fixed_blocks, unit
         self.counts = scheme.block_counts(batch) if fixed_blocks else [None] * len(scheme.steps)
 
-    def run(self, mine: Batch | None) -> Batch:
-        batch = mine
+    def run(self, mine: list[Batch | None]) -> list[Batch]:
+        """``mine``: this rank's block of each of the unit's batches (None where it preprocesses
+        nothing); returns the unit's assembled batches, in order."""
+        if len(mine) != self.unit:
+            raise ValueError(f"rank {self.rank}: a unit of {len(mine)} batches, not {self.unit}")
+        batches = list(mine)
         t0, cpu0 = time.perf_counter(), time.thread_time()
         for step, counts in zip(self.scheme.steps, self.counts):
             if self.rank not in step.group:
                 continue
             if isinstance(step, Gather):
-                batch = self.transport.allgatherv(step.group, batch, counts)
+                batches = self.transport.allgatherv(step.group, batches, counts)
             elif isinstance(step, Broadcast):
-                batch = self.transport.broadcast(step.group, step.root, batch, counts)
+                batches = self.transport.broadcast(step.group, step.root, batches, counts)
             elif isinstance(step, BlockBroadcasts):
-                batch = self.transport.block_broadcasts(step.group, step.roots, batch, counts)
+                batches = self.transport.block_broadcasts(step.group, step.roots, batches, counts)
             else:  # pragma: no cover - schemes are built by make_scheme
                 raise TypeError(f"unknown step {step!r}")
         if self.scheme.steps:
             self.transport.stats.collective_seconds += time.perf_counter() - t0
             self.transport.stats.collective_cpu_seconds += time.thread_time() - cpu0
-            self.transport.stats.collectives += 1
-        if batch is None:
+            self.transport.stats.collectives += len(batches)
+        if any(b is None for b in batches):
             raise RuntimeError(f"rank {self.rank}: scheme {self.scheme.name} left this member without a batch")
-        return batch
+        return batches

@@ -85,8 +85,19 @@ class HorovodTransport:
             return np.asarray(known, np.int64)
         return self.hvd.allgather(self.tf.constant([mine], self.tf.int64), process_set=ps).numpy()
 
-    # -- the three collectives -------------------------------------------------------------------
-    def allgatherv(self, group: tuple[int, ...], mine: Batch, counts: list[int] | None = None) -> Batch:
+    # -- the three collectives, on a unit of batches (one at a time: Horovod fuses within one) ----
+    def allgatherv(self, group: tuple[int, ...], mine: list[Batch], counts: list[int] | None = None) -> list[Batch]:
+        return [self._allgatherv(group, b) for b in mine]
+
+    def broadcast(self, group: tuple[int, ...], root: int, batches: list[Batch | None],
+                  count: int | None = None) -> list[Batch]:
+        return [self._broadcast(group, root, b, count) for b in batches]
+
+    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: list[Batch | None],
+                         counts: list[int] | None = None) -> list[Batch]:
+        return [self._block_broadcasts(group, roots, b, counts) for b in mine]
+
+    def _allgatherv(self, group: tuple[int, ...], mine: Batch) -> Batch:
         ps, hvd = self.sets[group], self.hvd  # Horovod's allgather takes blocks of any length: no counts
         fn = self._fn(("gather", group), lambda im, me: (hvd.allgather(im, process_set=ps),
                                                          hvd.allgather(me, process_set=ps)))
@@ -95,7 +106,7 @@ class HorovodTransport:
         self.stats.add(mine, out)
         return out
 
-    def broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None, count: int | None = None) -> Batch:
+    def _broadcast(self, group: tuple[int, ...], root: int, batch: Batch | None, count: int | None) -> Batch:
         ps, hvd = self.sets[group], self.hvd
         if count is None:
             n = self.tf.constant([len(batch) if self.rank == root else 0], self.tf.int64)
@@ -108,8 +119,8 @@ class HorovodTransport:
         self.stats.add(out if self.rank == root else None, out)
         return out
 
-    def block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None,
-                         counts: list[int] | None = None) -> Batch:
+    def _block_broadcasts(self, group: tuple[int, ...], roots: tuple[int, ...], mine: Batch | None,
+                          counts: list[int] | None) -> Batch:
         ps, hvd = self.sets[group], self.hvd
         counts = self._counts(ps, len(mine) if mine is not None else 0, counts)
         local = [int(counts[group.index(r)]) for r in roots]

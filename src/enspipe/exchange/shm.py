@@ -13,10 +13,14 @@ MPI collectives through shared memory instead copy every byte in and out of the 
 buffers, on every member: at 4 members and float32 224 px images that is ~45 MB of memcpy per
 member per batch of 32, a third of the preprocessing CPU it was meant to save.
 
-Slot reuse: a member writes slot ``s mod R`` at step s after every node member entered step
-s-1's barrier, i.e. after each had queued batch s-2; each member's consumer has then finished
-every batch up to s-3-depth (its compute queue holds at most ``depth``). So ``R = depth + 3``
-slots never overwrite a batch still in use.
+Members exchange a unit of k consecutive batches at a time (their blocks written into k slots,
+one barrier for all), so a barrier's cost is paid once per k batches.
+
+Slot reuse: a member writes unit u's k slots after every node member entered unit u-1's barrier,
+i.e. after each had queued every batch of unit u-2. Alive on each member are then at most unit
+u-1's k batches (being queued), ``depth`` more in its compute queue and the one its consumer
+holds; with the k being written, ``R = depth + 1 + 2k`` slots (``depth + 3`` one batch at a time)
+never overwrite a batch still in use.
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ import numpy as np
 ALIGN = 64
 
 
-def slots_for(queue_depth: int) -> int:
-    return queue_depth + 3
+def slots_for(queue_depth: int, unit: int = 1) -> int:
+    """Slots of a ring that exchanges ``unit`` batches at a time (see the module's note)."""
+    return queue_depth + 1 + 2 * unit
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:
@@ -66,37 +71,43 @@ class NodeBatchWindow:
         self.next = 0
         self.slots, self.max_batch = slots, max_batch
 
-    def assemble(self, mine, counts: np.ndarray):
-        """Contribute ``mine`` (None or a Batch of ``counts[my rank]`` samples) at its offset; return
-        the whole batch as views of this step's slot."""
+    def assemble(self, mine: list, counts: list[np.ndarray]) -> list:
+        """Contribute each of ``mine`` (per batch of the unit: None or a Batch of ``counts[i][my
+        rank]`` samples) at its offset of its own slot; return the unit's whole batches as views of
+        their slots. One node barrier (two across nodes) publishes the whole unit."""
         from enspipe.exchange.base import Batch
 
         me = self.group.Get_rank()
-        total = int(counts.sum())
-        if total > self.max_batch:
-            raise ValueError(f"a batch of {total} exceeds the shared slots' {self.max_batch}")
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        s, self.next = self.next, (self.next + 1) % self.slots
-        images, meta = self.images[s], self.meta[s]
-        if counts[me]:
-            lo = int(offsets[me])
-            self.stats.copy(images[lo:lo + counts[me]], mine.images)
-            self.stats.copy(meta[lo:lo + counts[me]], mine.meta)
+        filled = []  # (slot, total, counts, offsets) per batch
+        for block, n in zip(mine, counts):
+            total = int(n.sum())
+            if total > self.max_batch:
+                raise ValueError(f"a batch of {total} exceeds the shared slots' {self.max_batch}")
+            offsets = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+            s, self.next = self.next, (self.next + 1) % self.slots
+            if n[me]:
+                lo = int(offsets[me])
+                self.stats.copy(self.images[s][lo:lo + n[me]], block.images)
+                self.stats.copy(self.meta[s][lo:lo + n[me]], block.meta)
+            filled.append((s, total, n, offsets))
         self.win.Sync()
         self.wait([self.node.Ibarrier()])
         if self.multi_node:
             if self.is_leader:
-                node_counts, node_offsets = self._node_parts(counts, offsets)
-                self.wait([self.leaders.Iallgatherv(self.MPI.IN_PLACE, [meta, (node_counts * 4).tolist(),
-                                                                       (node_offsets * 4).tolist(), self.mpi_meta_type]),
-                           self.leaders.Iallgatherv(self.MPI.IN_PLACE,
-                                                    [images, (node_counts * self.image_elems).tolist(),
-                                                     (node_offsets * self.image_elems).tolist(),
-                                                     self.mpi_image_type])])
+                requests = []
+                for s, _, n, offsets in filled:
+                    node_counts, node_offsets = self._node_parts(n, offsets)
+                    requests += [self.leaders.Iallgatherv(self.MPI.IN_PLACE, [
+                                     self.meta[s], (node_counts * 4).tolist(), (node_offsets * 4).tolist(),
+                                     self.mpi_meta_type]),
+                                 self.leaders.Iallgatherv(self.MPI.IN_PLACE, [
+                                     self.images[s], (node_counts * self.image_elems).tolist(),
+                                     (node_offsets * self.image_elems).tolist(), self.mpi_image_type])]
+                self.wait(requests)
                 self.win.Sync()
             self.wait([self.node.Ibarrier()])
         self.win.Sync()
-        return Batch(images[:total], meta[:total])
+        return [Batch(self.images[s][:total], self.meta[s][:total]) for s, total, _, _ in filled]
 
     def _node_parts(self, counts: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         node_counts = np.array([sum(int(c) for c, n in zip(counts, self.node_of) if n == node) for node in self.nodes])

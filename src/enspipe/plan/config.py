@@ -132,6 +132,11 @@ class RunConfig:
     sample_interval: float = option(0.1, "seconds between queue-occupancy samples", parse=float)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
+    block_images: int = option(32, "images a member preprocesses and exchanges at a time, at least: it takes "
+                               "ceil(this / its share) consecutive global batches together (at most 8), so a small "
+                               "share of each batch pays tf.data's and the collective's fixed costs as rarely as the "
+                               "baseline's whole batch does; 1: one batch at a time. The batches are the same "
+                               "either way; --on-corrupt skip takes one at a time", parse=positive_int)
     batch_checksums: bool = option(False, "log a checksum of every delivered batch's pixels and metadata in the step "
                                    "events, to compare transports bit for bit (costs a hash per batch)")
     cpu_monitor: str = option("auto", "per-node CPU monitor: mpstat (sysstat), psutil, auto (mpstat where "
@@ -326,6 +331,8 @@ class RunConfig:
                      "a corrupt record (its graph runs on the workers)", "leave --on-corrupt out for tfdata_service")
         _require(self.shuffle_buffer >= 0, "shuffle_buffer", f"must be >= 0, got {self.shuffle_buffer}",
                  "use 0 for canonical order")
+        _require(self.block_images >= 1, "block_images", f"must be >= 1, got {self.block_images}",
+                 "pass images, e.g. 32 (1: one batch at a time)")
         _require(self.queue_depth >= 1, "queue_depth", f"must be >= 1, got {self.queue_depth}",
                  "use a small positive number of batches, e.g. 4")
         if self.transport == "horovod":

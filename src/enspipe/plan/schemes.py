@@ -28,6 +28,7 @@ from typing import Callable
 from enspipe.plan.errors import ConfigError
 
 Nodes = tuple[tuple[int, ...], ...]  # the ranks of each node, each ascending, nodes by lowest rank
+MAX_UNIT_BATCHES = 8  # a unit's batches all sit in the exchange's slots at once: bounds their memory
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,17 @@ class Scheme:
         i, p = self.preprocessors.index(rank), len(self.preprocessors)
         lo = i * (batch // p) + min(i, batch % p)
         return lo, lo + batch // p + (1 if i < batch % p else 0)
+
+    def unit_batches(self, batch: int, block_images: int) -> int:
+        """How many consecutive global batches a member reads, preprocesses and exchanges at a time:
+        enough that the smallest preprocessor's share of them holds ``block_images`` images, at
+        most :data:`MAX_UNIT_BATCHES`. A tf.data call and a collective each cost about as much
+        whatever they carry (~2 ms per slice to preprocess, a barrier per exchange), so a member
+        with 1/n of each batch pays n times the baseline's per image unless it works on n batches'
+        shares at once. The same on every rank (it depends on the scheme only)."""
+        shares = [hi - lo for lo, hi in (self.share(r, batch) for r in self.preprocessors)]
+        smallest = min((s for s in shares if s > 0), default=batch)
+        return max(1, min(MAX_UNIT_BATCHES, -(-block_images // smallest)))
 
     def role(self, rank: int) -> str:
         if self.service:

@@ -357,6 +357,12 @@ class _Life:
     epoch_images: int
 
 
+def unit_batches(cfg: RunConfig, scheme) -> int:
+    """Global batches a member's pipeline reads, preprocesses and exchanges at a time (one where
+    corrupt records may be skipped: a slice keeps its own bounds)."""
+    return 1 if cfg.skip_corrupt else scheme.unit_batches(cfg.global_batch, cfg.block_images)
+
+
 def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preprocessing: str, where, events):
     """The transport and the staged pipeline of one of enspipe's schemes."""
     from enspipe.exchange.engine import ExchangeEngine, Mpi4pyTransport
@@ -365,6 +371,7 @@ def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preproc
     size = cfg.image_size
     wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
     common = (comm, scheme.groups(), (size, size, 3), wire)
+    unit = unit_batches(cfg, scheme)
     if cfg.transport == "horovod":
         from enspipe.exchange.horovod import HorovodTransport
 
@@ -372,8 +379,8 @@ def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preproc
             tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1])  # data-parallel members' gradients
     else:
         transport = Mpi4pyTransport(*common, max_batch=cfg.global_batch, queue_depth=cfg.queue_depth,
-                                    node_shm=cfg.node_shm, events=events, uses=scheme.uses())
-    engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt)
+                                    node_shm=cfg.node_shm, events=events, uses=scheme.uses(), unit=unit)
+    engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt, unit=unit)
     seed_offset = 0 if scheme.shared else rank  # baseline members each have their own stream
     pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=cfg.global_batch,
                         preprocessing=preprocessing, image_size=size, threads=where.threads,
@@ -544,6 +551,7 @@ def _summary(job: _Job, reports: list[dict], nodes: list[dict], window: tuple[fl
         "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
         "warmup": cfg.warmup, "cores": cfg.cores, "image_size": cfg.image_size, "scheme": scheme.name, "n": n,
         "p": scheme.p, "wire_dtype": cfg.wire_dtype, "transport": job.transport.name,
+        "unit_batches": None if scheme.service else unit_batches(cfg, scheme),  # batches per read/preprocess/exchange
         "preprocessing": job.preprocessing, "fast_mode": cfg.fast_mode, "seed": cfg.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,

@@ -6,7 +6,11 @@
 parses only those records (:func:`enspipe.data.shards.read_slices`; nothing is decoded); ``preprocess``
 decodes and augments them on a tf.data pool of K threads;
 ``exchange`` runs the scheme's collectives (nothing for the baseline); the consumer runs in the
-caller's thread. Compute-only members run the exchange stage alone. Queue occupancy is sampled
+caller's thread. The three producing stages work on a unit of consecutive global batches at a
+time (the engine's ``unit``, :meth:`enspipe.plan.schemes.Scheme.unit_batches`): a call into
+tf.data and a collective cost about the same whatever they carry, so a member's share of several
+batches goes through each at once; the exchange queue and the compute queue still hold batches,
+the very batches one at a time would make. Compute-only members run the exchange stage alone. Queue occupancy is sampled
 every ``sample_interval`` seconds (the paper's Fig. 3). Any stage's exception stops the pipeline
 and is re-raised to the consumer, naming the stage.
 
@@ -109,6 +113,9 @@ class Pipeline:
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
         self.sample_interval, self.events = sample_interval, events
         self.share = engine.scheme.share(rank, batch)
+        self.unit = engine.unit  # global batches per read, preprocessing call and exchange
+        if skip_corrupt and self.unit != 1:
+            raise ValueError("--on-corrupt skip keeps each slice's own bounds: one batch at a time")
         self.is_preprocessor = self.share[1] > self.share[0]
         self.queues = {name: queue.Queue(queue_depth) for name in QUEUES}
         self.depth = queue_depth
@@ -173,7 +180,7 @@ class Pipeline:
     def _read(self) -> None:
         lo, hi = self.share
         it = read_slices(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt, self.batch, lo, hi,
-                         self._options())
+                         self._options(), unit=self.unit)
         while True:
             t = time.perf_counter()
             try:
@@ -213,9 +220,9 @@ class Pipeline:
         ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
         if self.skip_corrupt:  # a slice may lose images: each keeps its own bounds
             ds = ds.interleave(per_slice, cycle_length=2, num_parallel_calls=2, deterministic=True)
-        else:  # one stream of images, preprocessed K at a time across slice boundaries, regrouped
+        else:  # one stream of images, preprocessed K at a time across slice boundaries, regrouped per unit
             ds = ds.flat_map(tf.data.Dataset.from_tensor_slices).map(
-                one, num_parallel_calls=self.threads, deterministic=True).batch(slice_len)
+                one, num_parallel_calls=self.threads, deterministic=True).batch(slice_len * self.unit)
         ds = ds.with_options(self._options())
         it = self._prep_iterator = iter(ds)  # kept until close(): its pool threads' CPU stays visible
         while True:
@@ -244,7 +251,11 @@ class Pipeline:
             self.preprocessed += len(meta)
             took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
             self.clock.add("preprocess", took - min(took, waited[0] - w))
-            self._put("exchange", Batch(np.ascontiguousarray(images), np.ascontiguousarray(meta)))
+            images, meta = np.ascontiguousarray(images), np.ascontiguousarray(meta)
+            # the unit's slices, as views (a slice that lost skipped images is alone in its unit)
+            ends = [len(meta)] if self.unit == 1 else [slice_len * (i + 1) for i in range(self.unit)]
+            for lo, hi in zip([0, *ends[:-1]], ends):
+                self._put("exchange", Batch(images[lo:hi], meta[lo:hi]))
 
     @staticmethod
     def _diagnose(pending, error) -> str:
@@ -263,11 +274,12 @@ class Pipeline:
                 self._cond.wait_for(lambda: self.stop.is_set() or self._limit is None or self._begun < self._limit)
                 if self.stop.is_set():
                     raise _Stopped
-                self._begun += 1
-            mine = self._get("exchange") if self.is_preprocessor else None
-            self._put("compute", self.engine.run(mine))
+                self._begun += self.unit
+            mine = [self._get("exchange") if self.is_preprocessor else None for _ in range(self.unit)]
+            for batch in self.engine.run(mine):
+                self._put("compute", batch)
             with self._cond:
-                self._done += 1
+                self._done += self.unit
 
     def _sample(self) -> None:
         set_thread_name("enspipe-sampler")
