@@ -171,3 +171,18 @@ def test_the_paper_scale_is_simulated_by_the_same_allocator():
     assert (t[["default_s", "homogeneous_s", "fleet_s"]] > 0).all().all()
     assert (t["fleet_over_homogeneous"] > 1).all()  # lockstep groups wait for their slowest member
     assert t["paper_fleet_over_default"].tolist() == [PAPER_FIG5[g][1] for g in (20, 80, 160)]
+
+
+def test_a_failed_round_is_named_with_the_end_of_its_log(tmp_path):
+    """The arm stops at a round that fails and says why from the round's log, without TensorFlow's
+    start-up lines (a CI run keeps only the arm's stderr)."""
+    from enspipe.run.ensemble import run_arm
+
+    ens = Ensemble.from_dict({"accelerators": 1, "members": [{"name": "a", "rate": 10, "epochs": 1}]})
+    fails = "import sys; print('I0000 00:00 port.cc:153] oneDNN'); print('enspipe run: rank 0: boom'); sys.exit(1)"
+    with pytest.raises(RuntimeError) as e:
+        run_arm(ens, "fleet", "/nowhere", str(tmp_path / "arm"), 10, 50, launcher=[sys.executable, "-c", fails],
+                say=lambda *_: None)
+    said = str(e.value)
+    assert "round 0 failed (exit 1)" in said and "round00.log" in said
+    assert said.endswith("\n  enspipe run: rank 0: boom") and "oneDNN" not in said

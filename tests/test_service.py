@@ -54,21 +54,26 @@ def test_several_workers_each_stream_the_whole_dataset(dataset, tmp_path):
 def test_a_lagging_member_skips_on_a_small_cache(dataset, tmp_path):
     """A member 20x slower than the others on a ~10-element cache: the service lets the others run
     ahead and drops elements for it (slow enough that the fast member outruns it even when the
-    worker's production, not the fast member's accelerator, sets the fast pace). What it skipped are whole elements (batches) of the one
-    stream, all of which the fast member received, in the same order."""
-    s = _run(dataset, tmp_path, 2, "--scheme", "tfdata_service", "--preprocessors", "1", *COMMON,
+    worker's production, not the fast member's accelerator, sets the fast pace). What it skipped are
+    whole elements (batches) of the one stream, enspipe's own, in order: counted against that stream
+    run alone, not against the fast member's (which stops first, so a skip after its end is not in it)."""
+    s = _run(dataset, tmp_path / "svc", 2, "--scheme", "tfdata_service", "--preprocessors", "1", *COMMON,
              "--consumer", "emulated", "--rate", "800", "--slow-member", "1:20", "--tfdata-cache-mb", "1",
              "--steps", "40")
     fast, slow = s["ranks"]
+    skipped = slow["delivery"]["skipped_samples"]
     assert fast["delivery"]["skipped_samples"] == 0
-    assert slow["delivery"]["skipped_samples"] > 0 and slow["delivery"]["skipped_samples"] % 8 == 0
-    assert s["delivery"]["skipped_by_member"] == [0, slow["delivery"]["skipped_samples"]]
-    f, sl = step_values(tmp_path, 0, "batch_checksum"), step_values(tmp_path, 1, "batch_checksum")
-    at = {c: i for i, c in enumerate(f)}
-    seen = [at[c] for c in sl if c in at]  # the slow member's batches the fast one also got (it stops first)
-    assert seen == sorted(seen) and len(seen) >= 3
-    gaps = sum(b - a - 1 for a, b in zip(seen, seen[1:]))  # counted from the fast member's stream
-    assert 0 < gaps * 8 <= slow["delivery"]["skipped_samples"]
+    assert skipped > 0 and skipped % 8 == 0
+    assert s["delivery"]["skipped_by_member"] == [0, skipped]
+    # the stream itself, far enough for a late start (up to the fast member's 40) and every skip
+    _run(dataset, tmp_path / "alone", 1, "--scheme", "baseline", *COMMON, "--steps", str(80 + skipped // 8))
+    stream = step_values(tmp_path / "alone", 0, "batch_checksum")
+    at = {c: i for i, c in enumerate(stream)}
+    assert len(at) == len(stream)  # every batch of the stream is told apart by its checksum
+    assert step_values(tmp_path / "svc", 0, "batch_checksum") == stream[:40]
+    got = [at.get(c) for c in step_values(tmp_path / "svc", 1, "batch_checksum")]
+    assert None not in got and got == sorted(got) and len(got) == 40
+    assert sum(b - a - 1 for a, b in zip(got, got[1:])) * 8 == skipped  # whole batches, counted exactly
 
 
 def test_delivery_counter_counts_gaps_and_windows():

@@ -178,6 +178,20 @@ def _set_aside_interrupted(out: str) -> list[int]:
     return gone
 
 
+_NOISE = ("I0000 ", "W0000 ", "WARNING: All log messages before absl")  # TensorFlow's start-up lines
+
+
+def _why(log: str, lines: int = 8) -> str:
+    """The last lines of a failed round's log that are not TensorFlow's start-up chatter, indented
+    under the failure (empty when the log is unreadable or says nothing)."""
+    try:
+        with open(log, errors="replace") as f:
+            said = [ln.rstrip() for ln in f if ln.strip() and not ln.startswith(_NOISE)]
+    except OSError:
+        return ""
+    return "".join("\n  " + ln for ln in said[-lines:])
+
+
 def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images: int, seed: int = 0,
             run_args: list[str] | None = None, launcher: list[str] | None = None, validation: str | None = None,
             say=print) -> dict:
@@ -217,8 +231,8 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
                 for _, other, _, other_log in running:  # fail fast: the arm's result would be wrong
                     other.kill()
                     other_log.close()
-                raise RuntimeError(f"{arm} round {r.index} failed (exit {proc.returncode}); see "
-                                   f"{os.path.join(out, f'round{r.index:02d}.log')}")
+                path = os.path.join(out, f"round{r.index:02d}.log")
+                raise RuntimeError(f"{arm} round {r.index} failed (exit {proc.returncode}); see {path}{_why(path)}")
             times[r.index] = (started - t0, time.time() - t0)
             done.append(r)
             if slots == 1:  # re-plan from the checkpoints: early stopping may have finished members
@@ -261,7 +275,8 @@ def run_arm_in_job(ens: Ensemble, arm: str, out: str, num_images: int, job: list
     with open(os.path.join(out, "job.log"), "w") as log:
         rc = subprocess.run([*launcher, "-n", str(ens.accelerators), *job], stdout=log, stderr=subprocess.STDOUT).returncode
     if rc != 0:
-        raise RuntimeError(f"{arm}: the arm's job failed (exit {rc}); see {os.path.join(out, 'job.log')}")
+        path = os.path.join(out, "job.log")
+        raise RuntimeError(f"{arm}: the arm's job failed (exit {rc}); see {path}{_why(path)}")
     done = [_read_round(ens, out, i) for i in _round_indices(out)]
     times = {}
     for r in done:
