@@ -138,6 +138,10 @@ def main() -> None:
             runs[cell].append(measure(run_cell(data, n, cell_args(scheme, p, block, a))))
         except RuntimeError as e:
             failed.append(f"{scheme} N={n} block {block} repeat {rep}: {str(e).splitlines()[-1]}")
+    over = [n for n in ns if n * (a.cores or os.cpu_count()) > os.cpu_count()]
+    if over:
+        print(f"oversubscribed: N = {', '.join(map(str, over))} asks for N x {a.cores or 'all'} cores of "
+              f"{os.cpu_count()} CPUs (members share the cores; 'vs N=1' is against one member with its cores to itself)")
     report(todo, runs, a.repeats)
     for f in failed:
         print(f"failed: {f}")
@@ -148,7 +152,7 @@ def report(todo: list[Cell], runs: dict, repeats: int) -> None:
     med = {c: {"cpu": float(np.median([r["cpu"] for r in rs])), "rate": float(np.median([r["rate"] for r in rs])),
                "stages": {k: float(np.median([r["stages"][k] for r in rs])) for k in STAGES}}
            for c, rs in runs.items() if rs}
-    one = {c[3]: med[c]["rate"] for c in med if c[0] == "all_shared" and c[1] == 1}  # one member's rate, per block
+    one = {(c[0], c[3]): med[c]["rate"] for c in med if c[1] == 1}  # one member's rate, per scheme and block
     print(f"\n{'scheme':<18}{'N':>3}{'P':>3}{'block':>6}{'unit':>5}{'img/s/member':>22}{'vs N=1':>8}"
           f"{'CPU ms/img/member':>22}{'spread':>8}{'ideal ms':>10}{'vs baseline':>13}{'exch/prep':>11}")
     verdicts = []
@@ -164,7 +168,7 @@ def report(todo: list[Cell], runs: dict, repeats: int) -> None:
         base = med.get(("baseline", n, None, None))
         ideal = base["cpu"] * ideal_share(scheme, n, p) if base else float("nan")
         vs = base["cpu"] / med[cell]["cpu"] if base else float("nan")
-        of_one = med[cell]["rate"] / one[block] if block in one else float("nan")
+        of_one = med[cell]["rate"] / one[scheme, block] if (scheme, block) in one else float("nan")
         exch = float(np.median([r["exch_prep"] for r in rs]))
         unit = "/".join(sorted({str(r["unit"]) for r in rs}))
         print(f"{label}{unit:>5}{spread(rates, digits=0):>22}{of_one:>8.0%}{spread(cpus, 1000):>22}{worst:>8.0%}"

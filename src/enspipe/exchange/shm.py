@@ -25,6 +25,7 @@ never overwrite a batch still in use.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -42,6 +43,66 @@ def shm_free_bytes(path: str = "/dev/shm") -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+SEGMENT_PREFIX = "mpich_shm_"  # MPICH's node-shared segments (its own and MPI_Win_allocate_shared's)
+
+
+def reap_orphans(path: str = "/dev/shm", prefix: str = SEGMENT_PREFIX, min_age_s: float = 5.0) -> tuple[int, int]:
+    """Delete this user's MPICH shared-memory segments that no process maps or holds open: what a
+    job killed with SIGKILL leaves behind (MPICH unlinks them only at MPI_Finalize), which would
+    otherwise fill /dev/shm run after run until MPI_Init or the batch window no longer fits.
+    A segment younger than ``min_age_s`` is left alone (a job starting beside this one may not have
+    mapped it yet). Returns how many were deleted and their bytes."""
+    try:
+        names = [n for n in os.listdir(path) if n.startswith(prefix)]
+    except OSError:
+        return 0, 0
+    if not names:
+        return 0, 0
+    uid, now = os.getuid(), time.time()
+    candidates = {}
+    for n in names:
+        try:
+            st = os.stat(os.path.join(path, n))
+        except OSError:
+            continue
+        if st.st_uid == uid and now - st.st_mtime >= min_age_s:
+            candidates[os.path.join(path, n)] = st.st_size
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()) if candidates else ():
+        for used in _files_of(pid):
+            candidates.pop(used, None)
+    reaped = 0
+    for f, size in candidates.items():
+        try:
+            os.remove(f)
+            reaped += size
+        except OSError:  # another member reaped it first, or it is not ours to delete
+            candidates[f] = 0
+    return sum(1 for v in candidates.values() if v), reaped
+
+
+def _files_of(pid: str) -> set[str]:
+    """The files a process maps or holds open (those of another user's processes are unreadable:
+    theirs are not this user's to delete anyway)."""
+    used = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                i = line.find("/")
+                if i >= 0:
+                    used.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
+    except OSError:
+        pass
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                used.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return used
 
 
 class NodeBatchWindow:

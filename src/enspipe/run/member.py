@@ -49,6 +49,7 @@ def run(cfg: RunConfig) -> int:
     from enspipe.common.liveness import die_with_launcher
 
     die_with_launcher()  # a lost node's members must not run on as orphans
+    reap_killed_jobs_segments()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -64,6 +65,17 @@ def run(cfg: RunConfig) -> int:
         return 2
 
     return _run_guarded(cfg, comm, scheme)
+
+
+def reap_killed_jobs_segments() -> None:
+    """Before MPI starts: free /dev/shm of the segments killed jobs left (see
+    :func:`enspipe.exchange.shm.reap_orphans`), saying so."""
+    from enspipe.exchange.shm import reap_orphans
+
+    count, size = reap_orphans()
+    if count:
+        print(f"enspipe: removed {count} orphaned MPICH shared-memory segments ({size / 2**20:.0f} MiB) from "
+              "/dev/shm, left by jobs that were killed", file=sys.stderr, flush=True)
 
 
 def run_on(cfg: RunConfig, comm) -> int:
