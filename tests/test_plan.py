@@ -87,6 +87,20 @@ def test_fit_recovers_latency_and_bandwidth():
     assert c.copy_bandwidth == pytest.approx(8e9) and c.alpha_node == 5e-6
 
 
+def test_a_unit_pays_the_node_barrier_once_for_its_batches():
+    """On node-shared memory the exchange's fixed cost is a barrier per unit (--block-images), not
+    per batch; the MPI path still pays its latencies per batch; the baseline exchanges nothing."""
+    from enspipe.plan.model import CommCosts, predict
+
+    m = machine(comm=CommCosts(alpha_node=2e-3))
+    x = {b: predict("all_shared", 4, None, 32, 64, m, block_images=b).stages["exchange"] for b in (1, 32)}
+    assert x[1] - x[32] == pytest.approx(2e-3 * (1 - 1 / 4))  # shares of 8: units of 4 batches
+    mpi = {b: predict("all_shared", 4, None, 32, 64, m, node_shm=False, block_images=b).stages["exchange"]
+           for b in (1, 32)}
+    assert mpi[1] == mpi[32]
+    assert predict("baseline", 4, None, 32, 64, m, block_images=1).stages["exchange"] == 0
+
+
 def test_mpich_picks_the_broadcast_algorithm_by_size_and_ranks():
     assert bcast_terms(4, 1 << 24) == (2, 2)            # fewer than 8 ranks: a binomial tree
     assert bcast_terms(150, 1000) == (8, 8)             # a short message: a binomial tree

@@ -13,6 +13,17 @@ import numpy as np
 META_FIELDS = ("id", "epoch", "position", "label")
 
 
+PAGE = 4096  # bytes: the kernel maps memory into a process a page at a time, on first touch
+
+
+def touch_pages(buf: np.ndarray) -> None:
+    """Write a zero into every page of ``buf`` (a contiguous array): the kernel maps each page into
+    the process now, once, instead of in the exchange's first pass over its ring. Those faults
+    cost more than the copies themselves (on a 2-vCPU VM, 50 us of a 4-member All-Shared's 62 us per
+    delivered image of copying into a node-shared ring of 224 px float32 batches)."""
+    buf.reshape(-1).view(np.uint8)[::PAGE] = 0
+
+
 def allreduce_quietly(comm, value: int, op) -> int:
     """``value`` reduced over ``comm``'s ranks with ``op`` (MPI.MIN, MAX, SUM), waited for with
     :func:`wait_quietly`: a rank that waits for its peers sleeps instead of spinning a core."""

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from enspipe.exchange.base import Batch, Transport, TransportStats, wait_quietly
+from enspipe.exchange.base import Batch, Transport, TransportStats, touch_pages, wait_quietly
 from enspipe.plan.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
 from enspipe.common import keys
 
@@ -23,7 +23,7 @@ class BufferRing:
     """Receive buffers allocated once and reused in turn.
 
     Allocating a fresh batch per step costs as much CPU as the copy itself (page faults on first
-    touch). A slot is reused ``slots`` takes later, so ``slots`` must exceed the number of batches
+    touch), so the ring's pages are touched once when it is made. A slot is reused ``slots`` takes later, so ``slots`` must exceed the number of batches
     alive at once: the compute queue's capacity, the one being consumed and the unit being
     received (``queue_depth + 1 + unit``; the previous unit's batches are all queued by then).
     """
@@ -31,6 +31,8 @@ class BufferRing:
     def __init__(self, slots: int, max_batch: int, image_shape: tuple[int, ...], dtype):
         self.images = [np.empty((max_batch, *image_shape), dtype) for _ in range(slots)]
         self.meta = [np.empty((max_batch, 4), np.int64) for _ in range(slots)]
+        for a in (*self.images, *self.meta):
+            touch_pages(a)
         self.next = 0
 
     def take(self, n: int) -> Batch:

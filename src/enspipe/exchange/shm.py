@@ -112,6 +112,8 @@ class NodeBatchWindow:
                  image_shape: tuple[int, ...], dtype, wait, stats):
         from mpi4py.util.dtlib import from_numpy_dtype
 
+        from enspipe.exchange.base import touch_pages
+
         self.MPI, self.wait, self.stats = MPI, wait, stats  # stats: a TransportStats (times the copy in)
         self.group, self.node, self.node_of = group_comm, layout.node, layout.node_of
         self.is_leader = self.node.Get_rank() == 0
@@ -128,6 +130,8 @@ class NodeBatchWindow:
         self.images = raw[:img_bytes].view(self.dtype)[: slots * max_batch * self.image_elems].reshape(
             slots, max_batch, *image_shape)
         self.meta = raw[img_bytes:].view(np.int64).reshape(slots, max_batch, 4)
+        touch_pages(raw)  # every page of the window mapped into this process now, not in the first copies
+        self.node.Barrier()  # no member writes a batch before every member has mapped the window
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.next = 0
         self.slots, self.max_batch = slots, max_batch

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from enspipe.plan.errors import require as _require
-from enspipe.plan.schemes import AUTO, SCHEME_KINDS
+from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
 
 CONSUMERS = ("train", "emulated", "peak")
 SCHEMES = tuple(SCHEME_KINDS) + (AUTO,)  # the scheme registry's names, in its order, and the planner's choice
@@ -132,7 +132,7 @@ class RunConfig:
     sample_interval: float = option(0.1, "seconds between queue-occupancy samples", parse=float)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
-    block_images: int = option(32, "images a member preprocesses and exchanges at a time, at least: it takes "
+    block_images: int = option(DEFAULT_BLOCK_IMAGES, "images a member preprocesses and exchanges at a time, at least: it takes "
                                "ceil(this / its share) consecutive global batches together (at most 8), so a small "
                                "share of each batch pays tf.data's and the collective's fixed costs as rarely as the "
                                "baseline's whole batch does; 1: one batch at a time. The batches are the same "

@@ -17,7 +17,9 @@ members gets its ``t`` threads' cores, not ``C``):
 * **exchange** (the scheme's collective steps, one after the other in the exchange thread):
 
   - within one node, through node-shared memory (enspipe's default): each contributor copies its
-    block once, ``T = alpha_node + (m / p) / copy_bw``; nothing is copied to read;
+    block once, ``T = alpha_node / k + (m / p) / copy_bw``; nothing is copied to read; ``k`` is
+    the unit, the batches a member exchanges behind one barrier
+    (:meth:`enspipe.plan.schemes.Scheme.unit_batches`, ``--block-images``);
   - an all-gather among ``p`` ranks over MPI (MPICH's ring for large messages):
     ``T = (p - 1) alpha + (p - 1) / p x m / bw``;
   - a broadcast of ``m`` bytes to ``p`` ranks, by MPICH's own choice of algorithm
@@ -30,7 +32,8 @@ members gets its ``t`` threads' cores, not ``C``):
     the links, ``T = sum`` of the ``P`` broadcasts;
 
   ``bw`` is the inter-node bandwidth where a collective crosses nodes, else the measured
-  intra-node MPI bandwidth; ``alpha``/``bw``/``copy_bw`` come from ``enspipe calibrate-comm``
+  intra-node MPI bandwidth (a unit's MPI collectives are in flight together, but each still
+  pays its own latencies: the model charges them per batch); ``alpha``/``bw``/``copy_bw`` come from ``enspipe calibrate-comm``
   (:class:`CommCosts`);
 * **accelerator**: ``B / rc`` (none for the peak consumer).
 
@@ -52,7 +55,7 @@ import math
 from dataclasses import dataclass, field
 
 from enspipe.plan.errors import ConfigError, require
-from enspipe.plan.schemes import SCHEME_KINDS, BlockBroadcasts, Broadcast, Gather, make_scheme
+from enspipe.plan.schemes import DEFAULT_BLOCK_IMAGES, SCHEME_KINDS, BlockBroadcasts, Broadcast, Gather, make_scheme
 
 
 BCAST_ALGORITHMS = ("mpich", "binomial", "scatter_allgather")
@@ -188,19 +191,19 @@ def _spans_nodes(group, node_of) -> bool:
     return len({node_of[r] for r in group}) > 1
 
 
-def _gather_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool) -> float:
+def _gather_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool, unit: int = 1) -> float:
     if p <= 1:
         return 0.0
     if shm:
-        return comm.alpha_node + (m / p) / comm.copy_bandwidth
+        return comm.alpha_node / unit + (m / p) / comm.copy_bandwidth
     return (p - 1) * comm.alpha + (p - 1) / p * m / bw
 
 
-def _bcast_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool) -> float:
+def _bcast_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool, unit: int = 1) -> float:
     if p <= 1:
         return 0.0
     if shm:
-        return comm.alpha_node + m / comm.copy_bandwidth  # the root's one copy in
+        return comm.alpha_node / unit + m / comm.copy_bandwidth  # the root's one copy in
     a, b = bcast_terms(p, m, comm.bcast)
     return a * comm.alpha + b * m / bw
 
@@ -246,7 +249,7 @@ def _structure(scheme_name: str, n: int, p: int | None, batch: int, nodes: int):
 
 
 def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int, machine: Machine,
-            wire_dtype: str = "float32", node_shm: bool = True) -> Prediction:
+            wire_dtype: str = "float32", node_shm: bool = True, block_images: int = DEFAULT_BLOCK_IMAGES) -> Prediction:
     """The predicted steady state of one cell (see the module's formulas); raises
     :class:`ConfigError` for a combination the scheme does not allow, or the tf.data service."""
     kind = SCHEME_KINDS.get(scheme_name)
@@ -258,6 +261,7 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
     image_bytes = image_size * image_size * 3 * (1 if wire_dtype == "uint8" else 4)
     m = batch * image_bytes
     comm = machine.comm
+    unit = scheme.unit_batches(batch, block_images)  # batches behind one node barrier
     # exchange: the steps in order, each over MPI across nodes or node-shared memory within one
     t_x, copied = 0.0, {r: 0.0 for r in range(n)}  # seconds per batch; bytes each member copies
     for step, blocks, across in steps:
@@ -265,17 +269,17 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
         bw = comm.inter_node_bandwidth if across else comm.bandwidth
         size = len(step.group)
         if isinstance(step, Gather):
-            t_x += _gather_time(size, sum(blocks) * image_bytes, comm, bw, shm)
+            t_x += _gather_time(size, sum(blocks) * image_bytes, comm, bw, shm, unit)
             for r, b in zip(step.group, blocks):
                 copied[r] += b * image_bytes if shm else sum(blocks) * image_bytes
         elif isinstance(step, Broadcast):
-            t_x += _bcast_time(size, blocks * image_bytes, comm, bw, shm)
+            t_x += _bcast_time(size, blocks * image_bytes, comm, bw, shm, unit)
             for r in step.group:
                 copied[r] += blocks * image_bytes if (r == step.root or not shm) else 0.0
         elif isinstance(step, BlockBroadcasts):
             for root in step.roots:
                 b = blocks[step.group.index(root)] * image_bytes
-                t_x += _bcast_time(size, b, comm, bw, shm)
+                t_x += _bcast_time(size, b, comm, bw, shm, unit)
                 for r in step.group:
                     copied[r] += b if (r == root or not shm) else 0.0
     cpu_x = {r: copied[r] / comm.copy_bandwidth for r in range(n)}
@@ -303,7 +307,8 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
 
 
 def plan(n: int, batch: int, image_size: int, machine: Machine, wire_dtype: str = "float32",
-         schemes: tuple[str, ...] | None = None, node_shm: bool = True) -> list[Prediction]:
+         schemes: tuple[str, ...] | None = None, node_shm: bool = True,
+         block_images: int = DEFAULT_BLOCK_IMAGES) -> list[Prediction]:
     """Every allowed (scheme, P) for n members, ranked: fastest per member first, then the least
     CPU per image (the planner's choice is the first)."""
     out = []
@@ -313,7 +318,7 @@ def plan(n: int, batch: int, image_size: int, machine: Machine, wire_dtype: str 
         ps = range(1, kind.p_max(n) + 1) if kind.takes_p else [None]
         for p in ps:
             try:
-                out.append(predict(name, n, p, batch, image_size, machine, wire_dtype, node_shm))
+                out.append(predict(name, n, p, batch, image_size, machine, wire_dtype, node_shm, block_images))
             except ConfigError:
                 continue
     return sorted(out, key=lambda x: (-round(x.images_per_second, 6), x.cpu_seconds_per_image))

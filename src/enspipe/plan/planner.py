@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.model import CommCosts, Machine, plan
+from enspipe.plan.schemes import DEFAULT_BLOCK_IMAGES
 
 
 def _read_json(path: str, option: str, fix: str) -> dict:
@@ -183,7 +184,7 @@ def run_grid_plan(config_path: str, network: str | None = None, as_json: bool = 
 
 def choose(calibration: str, network: str, n: int, nodes: int, cores_per_node: int, *, batch: int, image_size: int,
            rc: float | None, core_limit: int | None, wire_dtype: str = "float32", node_shm: bool = True,
-           comm_json: str | None = None) -> dict:
+           comm_json: str | None = None, block_images: int = DEFAULT_BLOCK_IMAGES) -> dict:
     """``--scheme auto``: the planner's first choice for a cell's own members and placement, with
     what it predicted and the runners-up, as the summary records it (``planned``)."""
     rp, cpu, _ = rp_from_rates(_read_json(calibration, "rate_from", "pass the workflow's rates.json"), network)
@@ -191,7 +192,7 @@ def choose(calibration: str, network: str, n: int, nodes: int, cores_per_node: i
                                 source=comm_json) if comm_json else CommCosts())
     machine = Machine(rp=rp, rc=rc, cpu_per_image=cpu, cores_per_node=cores_per_node, nodes=nodes,
                       core_limit=core_limit, comm=comm)
-    ranked = plan(n, batch, image_size, machine, wire_dtype, node_shm=node_shm)
+    ranked = plan(n, batch, image_size, machine, wire_dtype, node_shm=node_shm, block_images=block_images)
     best = ranked[0]
     return {"requested": "auto", "scheme": best.scheme, "p": best.p,
             "predicted": {"images_per_second": best.images_per_second,

@@ -28,6 +28,7 @@ from typing import Callable
 from enspipe.plan.errors import ConfigError
 
 Nodes = tuple[tuple[int, ...], ...]  # the ranks of each node, each ascending, nodes by lowest rank
+DEFAULT_BLOCK_IMAGES = 32  # --block-images: a member's share of a unit holds at least this many images
 MAX_UNIT_BATCHES = 8  # a unit's batches all sit in the exchange's slots at once: bounds their memory
 
 

@@ -159,7 +159,8 @@ def _planned(cfg: RunConfig, comm) -> RunConfig:
             choice = choose(cfg.calibration, cfg.network, comm.Get_size(), nodes, where.host_cpus,
                             batch=cfg.global_batch, image_size=cfg.image_size,
                             rc=cfg.rate if cfg.consumer == "emulated" else None, core_limit=cfg.cores,
-                            wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm, comm_json=cfg.plan_comm)
+                            wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm, comm_json=cfg.plan_comm,
+                            block_images=cfg.block_images)
         except ConfigError as e:
             choice = {"error": [e.field, e.problem, e.fix]}
     choice = comm.bcast(choice, root=0)
