@@ -92,6 +92,9 @@ def test_a_unit_holds_block_images_of_the_smallest_share_at_most_eight_batches()
     assert make_scheme("all_shared", 32, None, 32).unit_batches(32, 32) == MAX_UNIT_BATCHES
     assert make_scheme("single_broadcast", 4, 1, 32).unit_batches(32, 32) == 1  # one preprocessor, whole batches
     assert make_scheme("all_shared", 4, None, 32).unit_batches(32, 1) == 1
+    # a measured window of whole units: the largest unit not above that divides its steps
+    assert [make_scheme("all_shared", 4, None, 32).unit_batches(32, 32, s) for s in (60, 30, 25, 7)] == [4, 3, 1, 1]
+    assert make_scheme("all_shared", 32, None, 32).unit_batches(32, 32, 24) == 8
     for n in range(1, 9):
         s = make_scheme("multi_broadcast", 8, n, 32)
         assert {s.unit_batches(32, 32) for _ in range(3)} == {min(8, -(-32 // (32 // n)))}

@@ -254,7 +254,8 @@ def test_only_segments_nobody_uses_are_reaped(tmp_path):
         os.utime(path, (time.time() - age, time.time() - age))
         return path
 
-    orphan, young, held, mapped = segment("orphan", 60), segment("young", 0), segment("held", 60), segment("map", 60)
+    segment("orphan", 60), segment("young", 0)
+    held, mapped = segment("held", 60), segment("map", 60)
     other = tmp_path / "not_mpich"
     other.write_bytes(b"y")
     os.utime(other, (0, 0))

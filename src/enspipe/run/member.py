@@ -373,7 +373,7 @@ class _Life:
 def unit_batches(cfg: RunConfig, scheme) -> int:
     """Global batches a member's pipeline reads, preprocesses and exchanges at a time (one where
     corrupt records may be skipped: a slice keeps its own bounds)."""
-    return 1 if cfg.skip_corrupt else scheme.unit_batches(cfg.global_batch, cfg.block_images)
+    return 1 if cfg.skip_corrupt else scheme.unit_batches(cfg.global_batch, cfg.block_images, cfg.steps)
 
 
 def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preprocessing: str, where, events):
