@@ -50,7 +50,8 @@ SUMMARY: dict[str, str] = {
     "planned": "--scheme auto: the plan's choice of scheme and P, its prediction, the runners-up and the inputs "
                "(null otherwise)",
     "wire_dtype": "element type on the wire", "transport": "mpi4py or horovod",
-    "unit_batches": "consecutive global batches a member reads, preprocesses and exchanges at a time (--block-images; null for the tf.data service)",
+    "unit_batches": "consecutive global batches a member reads, preprocesses and exchanges at a time "
+                    "(--block-images; null for the tf.data service)",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
     "dataset": "path, size, digest, whether synthetic, effective shuffle buffer",
     "images_per_second_per_member": "mean over members of images/s in the measured window",

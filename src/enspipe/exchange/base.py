@@ -95,8 +95,9 @@ class Transport(Protocol):
     without node-shared memory, Horovod): three group collectives over the groups it was built
     with, each on a unit of consecutive batches (this member's block of each, or None) and leaving
     the member with the unit's assembled batches; ``counts`` (block sizes in the group's order, the
-    same for every batch of the unit) are exchanged first where the caller does not know them. ``stats`` accounts the payload
-    and time; ``paths`` says how each of this member's groups exchanges."""
+    same for every batch of the unit) are exchanged first where the caller does not know them.
+    ``stats`` accounts the payload and time; ``paths`` says how each of this member's groups
+    exchanges."""
 
     name: str
     stats: TransportStats

@@ -23,9 +23,10 @@ class BufferRing:
     """Receive buffers allocated once and reused in turn.
 
     Allocating a fresh batch per step costs as much CPU as the copy itself (page faults on first
-    touch), so the ring's pages are touched once when it is made. A slot is reused ``slots`` takes later, so ``slots`` must exceed the number of batches
-    alive at once: the compute queue's capacity, the one being consumed and the unit being
-    received (``queue_depth + 1 + unit``; the previous unit's batches are all queued by then).
+    touch), so the ring's pages are touched once when it is made. A slot is reused ``slots`` takes
+    later, so ``slots`` must exceed the number of batches alive at once: the compute queue's
+    capacity, the one being consumed and the unit being received (``queue_depth + 1 + unit``; the
+    previous unit's batches are all queued by then).
     """
 
     def __init__(self, slots: int, max_batch: int, image_shape: tuple[int, ...], dtype):
@@ -104,7 +105,8 @@ class Mpi4pyTransport:
                 events.log(keys.EXCHANGE_PATH, group=list(g), path=path,
                            **({"reason": why} if path == "mpi" else {"window_bytes": need}))
         takes = sum(uses.get(g, 1) for g in self.comms if g not in self.windows)
-        self.ring = BufferRing((queue_depth + 1 + unit) * takes, max_batch, self.image_shape, self.dtype) if takes else None
+        self.ring = (BufferRing((queue_depth + 1 + unit) * takes, max_batch, self.image_shape, self.dtype)
+                     if takes else None)
 
     def _wait(self, requests) -> None:
         wait_quietly(requests)

@@ -72,14 +72,14 @@ def reap_orphans(path: str = "/dev/shm", prefix: str = SEGMENT_PREFIX, min_age_s
     for pid in (p for p in os.listdir("/proc") if p.isdigit()) if candidates else ():
         for used in _files_of(pid):
             candidates.pop(used, None)
-    reaped = 0
+    count = reaped = 0
     for f, size in candidates.items():
         try:
             os.remove(f)
-            reaped += size
         except OSError:  # another member reaped it first, or it is not ours to delete
-            candidates[f] = 0
-    return sum(1 for v in candidates.values() if v), reaped
+            continue
+        count, reaped = count + 1, reaped + size
+    return count, reaped
 
 
 def _files_of(pid: str) -> set[str]:

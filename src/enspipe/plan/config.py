@@ -132,12 +132,13 @@ class RunConfig:
     sample_interval: float = option(0.1, "seconds between queue-occupancy samples", parse=float)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
-    block_images: int = option(DEFAULT_BLOCK_IMAGES, "images a member preprocesses and exchanges at a time, at least: it takes "
-                               "ceil(this / its share) consecutive global batches together (at most 8), so a small "
-                               "share of each batch pays tf.data's and the collective's fixed costs as rarely as the "
-                               "baseline's whole batch does; 1: one batch at a time. The unit is then cut to the "
-                               "largest that divides --steps, so the measured window is whole units. The batches "
-                               "are the same either way; --on-corrupt skip takes one at a time", parse=positive_int)
+    block_images: int = option(DEFAULT_BLOCK_IMAGES, "images a member preprocesses and exchanges at a time, at "
+                               "least: it takes ceil(this / its share) consecutive global batches together (at "
+                               "most 8), so a small share of each batch pays tf.data's and the collective's fixed "
+                               "costs as rarely as the baseline's whole batch does; 1: one batch at a time. The unit "
+                               "is then cut to the largest that divides --steps, so the measured window is whole "
+                               "units. The batches are the same either way; --on-corrupt skip takes one at a time",
+                               parse=positive_int)
     batch_checksums: bool = option(False, "log a checksum of every delivered batch's pixels and metadata in the step "
                                    "events, to compare transports bit for bit (costs a hash per batch)")
     cpu_monitor: str = option("auto", "per-node CPU monitor: mpstat (sysstat), psutil, auto (mpstat where "

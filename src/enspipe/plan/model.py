@@ -33,8 +33,8 @@ members gets its ``t`` threads' cores, not ``C``):
 
   ``bw`` is the inter-node bandwidth where a collective crosses nodes, else the measured
   intra-node MPI bandwidth (a unit's MPI collectives are in flight together, but each still
-  pays its own latencies: the model charges them per batch); ``alpha``/``bw``/``copy_bw`` come from ``enspipe calibrate-comm``
-  (:class:`CommCosts`);
+  pays its own latencies: the model charges them per batch); ``alpha``/``bw``/``copy_bw``
+  come from ``enspipe calibrate-comm`` (:class:`CommCosts`);
 * **accelerator**: ``B / rc`` (none for the peak consumer).
 
 A member's CPU also runs its exchange's copies, so the preprocessing stage of a member that

@@ -77,6 +77,10 @@ def _round_dir(out: str, r: Round | int) -> str:
     return os.path.join(out, f"round{r if isinstance(r, int) else r.index:02d}")
 
 
+def _round_log(out: str, r: Round) -> str:
+    return os.path.join(out, f"round{r.index:02d}.log")
+
+
 def _finished(out: str, index: int) -> bool:
     return os.path.exists(os.path.join(_round_dir(out, index), "summary.json"))
 
@@ -215,7 +219,7 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
             r = pending.pop(0)
             os.makedirs(_round_dir(out, r), exist_ok=True)
             write_json_atomic(os.path.join(_round_dir(out, r), ROUND), r.as_dict(ens))
-            log = open(os.path.join(out, f"round{r.index:02d}.log"), "w")
+            log = open(_round_log(out, r), "w")
             cmd = round_command(ens, r, data, out, steps_per_epoch, seed, run_args, launcher, validation)
             say(f"{arm} round {r.index}: {', '.join(ens.members[i].name for i in r.members)} on "
                 f"{'+'.join(map(str, r.widths))} accelerators, at most {'/'.join(map(str, r.epochs))} epochs")
@@ -231,7 +235,7 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
                 for _, other, _, other_log in running:  # fail fast: the arm's result would be wrong
                     other.kill()
                     other_log.close()
-                path = os.path.join(out, f"round{r.index:02d}.log")
+                path = _round_log(out, r)
                 raise RuntimeError(f"{arm} round {r.index} failed (exit {proc.returncode}); see {path}{_why(path)}")
             times[r.index] = (started - t0, time.time() - t0)
             done.append(r)

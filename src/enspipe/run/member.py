@@ -564,7 +564,7 @@ def _summary(job: _Job, reports: list[dict], nodes: list[dict], window: tuple[fl
         "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
         "warmup": cfg.warmup, "cores": cfg.cores, "image_size": cfg.image_size, "scheme": scheme.name, "n": n,
         "p": scheme.p, "wire_dtype": cfg.wire_dtype, "transport": job.transport.name,
-        "unit_batches": None if scheme.service else unit_batches(cfg, scheme),  # batches per read/preprocess/exchange
+        "unit_batches": None if scheme.service else job.pipeline.unit,  # batches per read/preprocess/exchange
         "preprocessing": job.preprocessing, "fast_mode": cfg.fast_mode, "seed": cfg.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,

@@ -10,9 +10,9 @@ caller's thread. The three producing stages work on a unit of consecutive global
 time (the engine's ``unit``, :meth:`enspipe.plan.schemes.Scheme.unit_batches`): a call into
 tf.data and a collective cost about the same whatever they carry, so a member's share of several
 batches goes through each at once; the exchange queue and the compute queue still hold batches,
-the very batches one at a time would make. Compute-only members run the exchange stage alone. Queue occupancy is sampled
-every ``sample_interval`` seconds (the paper's Fig. 3). Any stage's exception stops the pipeline
-and is re-raised to the consumer, naming the stage.
+the very batches one at a time would make. Compute-only members run the exchange stage alone.
+Queue occupancy is sampled every ``sample_interval`` seconds (the paper's Fig. 3). Any stage's
+exception stops the pipeline and is re-raised to the consumer, naming the stage.
 
 The producers run on the (infinite) stream until told where to stop, so a measured window never
 sees them idle because they already produced everything the run needs. Stopping is collective,
