@@ -72,6 +72,9 @@ def test_a_checkpoint_round_trips_and_a_bad_one_is_named(tmp_path):
     state = checkpoint.MemberState("a", "tiny", epochs=2, images=100, val_losses=[2.3, 2.2])
     checkpoint.save(str(tmp_path), state, tf.train.Checkpoint(model=model, optimizer=opt))
     state.epochs = 3
+    orphan = tmp_path / "a" / "ckpt-2_temp"  # what TensorFlow leaves of a write killed midway (seen in CI)
+    orphan.mkdir()
+    (orphan / "part-00000-of-00001.index").write_bytes(b"half")
     checkpoint.save(str(tmp_path), state, tf.train.Checkpoint(model=model, optimizer=opt))
     assert sorted(os.listdir(tmp_path / "a")) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index", "state.json"]
     back = checkpoint.load(str(tmp_path), "a", "tiny")

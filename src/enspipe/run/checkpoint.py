@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 
 from enspipe.common.atomic import write_json_atomic
@@ -104,9 +105,10 @@ def save(root: str, state: MemberState, trackable=None) -> str | None:
         trackable.write(os.path.join(d, prefix))
         state.weights = prefix
     write_json_atomic(os.path.join(d, STATE), state.as_dict())
-    for f in os.listdir(d):
+    for f in os.listdir(d):  # older weights, and what a write killed midway left (TensorFlow's ckpt-N_temp/)
         if f.startswith("ckpt-") and not (state.weights and f.startswith(state.weights + ".")):
-            os.remove(os.path.join(d, f))
+            path = os.path.join(d, f)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     return state.weights
 
 
