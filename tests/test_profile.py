@@ -1,6 +1,7 @@
 """Measured profiles (issue 19): `enspipe profile` trains a network as one data-parallel member on
 g = 1, 2, ... ranks, caches the rates per machine, and an ensemble spec's member reads them."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,9 @@ def test_profile_measures_each_count_caches_it_and_a_spec_reads_it(dataset, tmp_
     (path,) = cache.glob("tiny_32px_b10_*.json")
     rec = json.loads(path.read_text())
     assert rec["source"] == "measured" and rec["device"] == "CPU" and rec["accelerators"] == [1, 2]
-    assert all(x["rate"] > 0 and x["trained_images"] == 60 for x in rec["runs"])  # 2 + 4 steps of 10
+    for x in rec["runs"]:  # every step trains, the warm-up's (2, then a drain) and the window's 4, of 10 images
+        warmup_steps = json.loads((Path(x["out"]) / "summary.json").read_text())["window"]["warmup_steps"]
+        assert x["rate"] > 0 and warmup_steps > 2 and x["trained_images"] == 10 * (warmup_steps + 4)
     again = enspipe(*args)
     assert again.returncode == 0 and "cached" in again.stdout
     assert json.loads(path.read_text())["measured"] == rec["measured"]

@@ -26,7 +26,8 @@ EVENTS: dict[str, str] = {
     EXCHANGE_PATH: "how a communicator group exchanges: node-shm, node-shm+mpi or mpi (and why)",
     OCCUPANCY: "queue occupancy samples of the pipeline's stage queues (the paper's Fig. 3)",
     STEP: "one consumed batch: step, measured or not, times, queue depths, ids (and checksum, loss)",
-    MEASURE_START: "the measured window opens at this step (and whether warm-up reached the steady state)",
+    MEASURE_START: "the measured window opens at this step (whether warm-up reached the steady state; the steps"
+                   " run after the agreement to drain what its wait stocked)",
     MEASURE_END: "the measured window closes at this step",
     STOPPED: "the producers stopped together; batches made beyond the window and discarded",
     EPOCH: "one completed epoch: count, order-independent digest, missing samples",

@@ -154,6 +154,8 @@ class ServicePipeline:
     Nothing here preprocesses (the workers do, in their own threads), so ``preprocessed`` is None;
     stopping needs no agreement between members (there are no collectives to match)."""
 
+    unit = 1  # batches per element the client takes
+
     def __init__(self, service: TfDataService, rank: int, queue_depth: int, sample_interval: float, events):
         self.service, self.rank, self.depth = service, rank, queue_depth
         self.sample_interval, self.events = sample_interval, events
