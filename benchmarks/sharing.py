@@ -15,7 +15,9 @@ preprocesses each image once, split among its P preprocessors, for all N members
 baseline``, baseline's CPU over the scheme's (the paper's CPU reduction; its ceiling is N), taken
 in each repeat, where the two ran minutes apart, so a drift of the machine's speed between repeats
 cancels: ``median (min-max)`` over the repeats (a median above N is explained: an unbalanced window,
-repeats straddling N, or an N-member baseline that pays for oversubscribed cores); ``vs base N=1``,
+repeats straddling N, or an N-member baseline that pays for oversubscribed cores); ``vs N=1``,
+images/s per member over one member's of the same scheme, paired the same way (its median);
+``vs base N=1``,
 one member alone's CPU over the scheme's; and ``exch/prep``, the exchange's CPU (its copies and collectives) over the preprocessing CPU
 (the read and preprocess stages); ``balance``, the images preprocessed inside the window over those
 its deliveries needed (1.00: the window's CPU is the work of what it delivered).
@@ -24,13 +26,16 @@ The second splits each scheme's gap to its ideal by stage (:mod:`enspipe.measure
 scheme's median CPU per delivered image minus the ideal share of the baseline's (x 1/N), in
 microseconds; the stages add up to the gap. ``--transport horovod`` adds Horovod's background
 thread to the exchange. ``--block-images 1,32`` runs each sharing scheme one batch at a time and
-in units (the run's ``--block-images``), interleaved; the script ends with the sharing goals' verdicts.
+in units (the run's ``--block-images``), interleaved. A third table gives every repeat's own
+numbers, in the order they ran, so a swing that every cell of one repeat shares (the machine) is
+told from one cell's own; the script ends with the sharing goals' verdicts.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import os
+import time
 
 import numpy as np
 
@@ -157,7 +162,8 @@ def main() -> None:
     for rep, cell in itertools.product(range(a.repeats), todo):
         scheme, n, p, block = cell
         try:
-            runs[cell].append(measure(run_cell(data, n, cell_args(scheme, p, block, a))))
+            started = time.time()
+            runs[cell].append({**measure(run_cell(data, n, cell_args(scheme, p, block, a))), "started": started})
         except RuntimeError as e:
             runs[cell].append(None)  # kept in place: repeat i of every cell stays at index i (paired ratios)
             failed.append(f"{scheme} N={n} block {block} repeat {rep}: {str(e).splitlines()[-1]}")
@@ -176,13 +182,32 @@ def paired(runs: dict, base: Cell, cell: Cell) -> list[float]:
     return [b["cpu"] / c["cpu"] for b, c in zip(runs.get(base, []), runs[cell]) if b and c]
 
 
+def paired_rate(runs: dict, one: Cell, cell: Cell) -> list[float]:
+    """The cell's images/s per member over one member's (the same scheme and block at N = 1), one
+    ratio per repeat in which both ran (as :func:`paired`)."""
+    return [c["rate"] / o["rate"] for o, c in zip(runs.get(one, []), runs[cell]) if o and c]
+
+
+def per_repeat(todo: list[Cell], runs: dict, repeats: int) -> None:
+    """Every repeat's own numbers, in the order they ran: a swing shared by every cell of one
+    repeat is the machine's speed drifting; one cell's alone is that cell's."""
+    t0 = min((r["started"] for rs in runs.values() for r in rs if r), default=0.0)
+    print("\nPer repeat, CPU ms/img/member @ images/s per member (+minutes from the first cell's start):")
+    print(f"{'scheme':<18}{'N':>3}{'P':>3}{'block':>6}" + "".join(f"{'repeat ' + str(i):>24}" for i in range(repeats)))
+    for cell in todo:
+        scheme, n, p, block = cell
+        cols = [f"{1000 * r['cpu']:.2f} @ {r['rate']:.0f} (+{(r['started'] - t0) / 60:.0f})" if r else "failed"
+                for r in runs[cell]]
+        print(f"{scheme:<18}{n:>3}{p or n:>3}{block or '-':>6}" + "".join(f"{c:>24}" for c in cols))
+
+
 def report(todo: list[Cell], runs: dict, repeats: int) -> None:
     """The two tables and the goals' verdicts."""
     done = {c: [r for r in rs if r] for c, rs in runs.items()}
     med = {c: {"cpu": float(np.median([r["cpu"] for r in rs])), "rate": float(np.median([r["rate"] for r in rs])),
                "stages": {k: float(np.median([r["stages"][k] for r in rs])) for k in STAGES}}
            for c, rs in done.items() if rs}
-    one = {(c[0], c[3]): med[c]["rate"] for c in med if c[1] == 1}  # one member's rate, per scheme and block
+    one = {(c[0], c[3]): c for c in med if c[1] == 1}  # one member's cell, per scheme and block
     print(f"\n{'scheme':<18}{'N':>3}{'P':>3}{'block':>6}{'unit':>5}{'img/s/member':>22}{'vs N=1':>8}"
           f"{'CPU ms/img/member':>22}{'spread':>8}{'ideal ms':>10}{'vs baseline':>22}{'vs base N=1':>13}{'exch/prep':>11}"
           f"{'balance':>9}")
@@ -202,7 +227,8 @@ def report(todo: list[Cell], runs: dict, repeats: int) -> None:
         vs = float(np.median(ratios)) if ratios else float("nan")
         alone = med.get(("baseline", 1, None, None))  # one member with the machine to itself: no contention
         vs_alone = alone["cpu"] / med[cell]["cpu"] if alone else float("nan")
-        of_one = med[cell]["rate"] / one[scheme, block] if (scheme, block) in one else float("nan")
+        of_ones = paired_rate(runs, one[scheme, block], cell) if (scheme, block) in one else []
+        of_one = float(np.median(of_ones)) if of_ones else float("nan")
         exch = float(np.median([r["exch_prep"] for r in rs]))
         balance = float(np.median([r["balance"] for r in rs]))
         unit = "/".join(sorted({str(r["unit"]) for r in rs}))
@@ -221,6 +247,7 @@ def report(todo: list[Cell], runs: dict, repeats: int) -> None:
 
     for a in above:
         print(f"above the ceiling: {a}")
+    per_repeat(todo, runs, repeats)
     print("\nGap to the ideal by stage, us of CPU per delivered image per member (scheme's median minus the "
           "ideal share of the baseline's):")
     print(f"{'scheme':<18}{'N':>3}{'P':>3}{'block':>6}" + "".join(f"{s:>12}" for s in STAGES) + f"{'gap':>10}")
