@@ -53,6 +53,8 @@ SUMMARY: dict[str, str] = {
     "wire_dtype": "element type on the wire", "transport": "mpi4py or horovod",
     "unit_batches": "consecutive global batches a member reads, preprocesses and exchanges at a time "
                     "(--block-images; null for the tf.data service)",
+    "malloc": "the members' malloc policy in force (--malloc): keep (freed images' pages reused in place), "
+              "system, or system with why keep could not be applied",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
     "dataset": "path, size, digest, whether synthetic, effective shuffle buffer",
     "images_per_second_per_member": "mean over members of images/s in the measured window",

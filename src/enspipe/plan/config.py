@@ -22,6 +22,7 @@ PREPROCESSINGS = ("inception", "vgg")
 CPU_MONITORS = ("auto", "mpstat", "psutil", "none")
 POWER_SOURCES = ("auto", "rapl", "nvml", "slurm", "external", "modelled")
 ON_CORRUPT = ("fail", "skip")
+MALLOC_POLICIES = ("keep", "system")  # enspipe.run.memory.set_malloc's
 TFDATA_COMPRESSIONS = ("none", "AUTO")  # the tf.data service's register_dataset compression
 SERVICE_OPTIONS = ("tfdata_compression", "tfdata_cache_mb")  # only the tf.data service arm reads these
 
@@ -139,6 +140,10 @@ class RunConfig:
                                "is then cut to the largest that divides --steps, so the measured window is whole "
                                "units. The batches are the same either way; --on-corrupt skip takes one at a time",
                                parse=positive_int)
+    malloc: str = option("keep", "keep: the members' malloc reuses freed images' pages instead of mapping and "
+                         "faulting them in afresh (each 224 px image is 588 KiB; on a VM the faults were half "
+                         "the CPU per image); system: malloc as the environment set it "
+                         "(enspipe.run.memory)", choices=MALLOC_POLICIES)
     batch_checksums: bool = option(False, "log a checksum of every delivered batch's pixels and metadata in the step "
                                    "events, to compare transports bit for bit (costs a hash per batch)")
     cpu_monitor: str = option("auto", "per-node CPU monitor: mpstat (sysstat), psutil, auto (mpstat where "

@@ -228,6 +228,7 @@ class _Job:
     member: "_Member"
     slurm: object           # the job step's energy counter, on rank 0 inside Slurm
     started: float
+    malloc: str             # the malloc policy in force (enspipe.run.memory)
 
     @property
     def rank(self) -> int:
@@ -261,6 +262,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
 
     from enspipe.common.liveness import Heartbeat
     from enspipe.run.affinity import configure_tensorflow_threads, pin_process
+    from enspipe.run.memory import set_malloc
     from enspipe.run.placement import place
 
     rank, n = comm.Get_rank(), comm.Get_size()
@@ -271,6 +273,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     os.makedirs(cfg.out, exist_ok=True)
     monitor = _start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
+    malloc = set_malloc(cfg.malloc)  # before TensorFlow allocates
     configure_tensorflow_threads(where.threads)  # imports TensorFlow, after the pools' sizes are known
 
     heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: _fail(  # after TensorFlow's import holds the GIL
@@ -297,7 +300,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
         raise DataError(problem)
     events.log(keys.CONFIG, config=cfg.to_dict(), scheme=scheme.name, n=n, p=scheme.p, role=scheme.role(rank),
                host=where.host, host_rank=where.host_rank, mpi_node=where.mpi_node, cores=affinity,
-               sharing_cores=where.sharing_cores, threads=where.threads, placement=where.as_dict(),
+               sharing_cores=where.sharing_cores, threads=where.threads, placement=where.as_dict(), malloc=malloc,
                preprocessing=preprocessing, share=scheme.share(rank, cfg.global_batch),
                dataset={"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                         "digest": manifest.digest, "synthetic": manifest.synthetic})
@@ -332,7 +335,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     if monitor:
         monitor.mark("warmup_start", started)
     return _Job(cfg, comm, scheme, progress, where, affinity, monitor, heartbeat, events, manifest, preprocessing,
-                transport, pipeline, consumer, member, _slurm_counter(cfg) if rank == 0 else None, started)
+                transport, pipeline, consumer, member, _slurm_counter(cfg) if rank == 0 else None, started, malloc)
 
 
 def _life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) -> "_Life":
@@ -567,6 +570,7 @@ def _summary(job: _Job, reports: list[dict], nodes: list[dict], window: tuple[fl
         "warmup": cfg.warmup, "cores": cfg.cores, "image_size": cfg.image_size, "scheme": scheme.name, "n": n,
         "p": scheme.p, "wire_dtype": cfg.wire_dtype, "transport": job.transport.name,
         "unit_batches": None if scheme.service else job.pipeline.unit,  # batches per read/preprocess/exchange
+        "malloc": job.malloc,  # how the members' malloc returned freed images (--malloc)
         "preprocessing": job.preprocessing, "fast_mode": cfg.fast_mode, "seed": cfg.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
