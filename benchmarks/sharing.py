@@ -176,16 +176,10 @@ def main() -> None:
         print(f"failed: {f}")
 
 
-def paired(runs: dict, base: Cell, cell: Cell) -> list[float]:
-    """The baseline's CPU per image over the cell's, one ratio per repeat in which both ran: the two
-    ran minutes apart at most, so a drift of the machine's speed between repeats cancels."""
-    return [b["cpu"] / c["cpu"] for b, c in zip(runs.get(base, []), runs[cell]) if b and c]
-
-
-def paired_rate(runs: dict, one: Cell, cell: Cell) -> list[float]:
-    """The cell's images/s per member over one member's (the same scheme and block at N = 1), one
-    ratio per repeat in which both ran (as :func:`paired`)."""
-    return [c["rate"] / o["rate"] for o, c in zip(runs.get(one, []), runs[cell]) if o and c]
+def paired(runs: dict, over: Cell, under: Cell, key: str) -> list[float]:
+    """``over``'s ``key`` (cpu, rate) over ``under``'s, one ratio per repeat in which both ran: the
+    two ran minutes apart at most, so a drift of the machine's speed between repeats cancels."""
+    return [o[key] / u[key] for o, u in zip(runs.get(over, []), runs.get(under, [])) if o and u]
 
 
 def per_repeat(todo: list[Cell], runs: dict, repeats: int) -> None:
@@ -202,7 +196,7 @@ def per_repeat(todo: list[Cell], runs: dict, repeats: int) -> None:
 
 
 def report(todo: list[Cell], runs: dict, repeats: int) -> None:
-    """The two tables and the goals' verdicts."""
+    """The three tables (per cell, per repeat, the gap by stage) and the goals' verdicts."""
     done = {c: [r for r in rs if r] for c, rs in runs.items()}
     med = {c: {"cpu": float(np.median([r["cpu"] for r in rs])), "rate": float(np.median([r["rate"] for r in rs])),
                "stages": {k: float(np.median([r["stages"][k] for r in rs])) for k in STAGES}}
@@ -223,11 +217,11 @@ def report(todo: list[Cell], runs: dict, repeats: int) -> None:
         worst = max(max(abs(v / np.median(vs) - 1) for v in vs) for vs in (rates, cpus))
         base = med.get(("baseline", n, None, None))
         ideal = base["cpu"] * ideal_share(scheme, n, p) if base else float("nan")
-        ratios = paired(runs, ("baseline", n, None, None), cell)
+        ratios = paired(runs, ("baseline", n, None, None), cell, "cpu")  # the baseline's CPU over the cell's
         vs = float(np.median(ratios)) if ratios else float("nan")
         alone = med.get(("baseline", 1, None, None))  # one member with the machine to itself: no contention
         vs_alone = alone["cpu"] / med[cell]["cpu"] if alone else float("nan")
-        of_ones = paired_rate(runs, one[scheme, block], cell) if (scheme, block) in one else []
+        of_ones = paired(runs, cell, one[scheme, block], "rate") if (scheme, block) in one else []
         of_one = float(np.median(of_ones)) if of_ones else float("nan")
         exch = float(np.median([r["exch_prep"] for r in rs]))
         balance = float(np.median([r["balance"] for r in rs]))

@@ -48,10 +48,10 @@ def verdicts(capsys, *args, **kw) -> tuple[str, dict]:
 
 def test_paired_ratios_cancel_a_drift_of_the_machine_that_unpaired_medians_would_not():
     todo, runs = grid(speeds=(1.0, 1.3, 0.8))
-    assert sharing.paired(runs, BASE[4], ALL[4]) == pytest.approx([4.0, 4.0, 4.0])
-    assert sharing.paired_rate(runs, ALL[1], ALL[4]) == pytest.approx([1.0, 1.0, 1.0])
+    assert sharing.paired(runs, BASE[4], ALL[4], "cpu") == pytest.approx([4.0, 4.0, 4.0])
+    assert sharing.paired(runs, ALL[4], ALL[1], "rate") == pytest.approx([1.0, 1.0, 1.0])
     runs[ALL[4]][1] = None  # a failed repeat keeps its place: the others stay paired
-    assert sharing.paired(runs, BASE[4], ALL[4]) == pytest.approx([4.0, 4.0])
+    assert sharing.paired(runs, BASE[4], ALL[4], "cpu") == pytest.approx([4.0, 4.0])
 
 
 def test_every_goal_is_met_on_an_ideal_quiet_grid(capsys):
