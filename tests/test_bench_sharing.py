@@ -88,3 +88,23 @@ def test_a_balanced_reduction_above_n_with_nothing_to_explain_it_is_called_a_bug
         r["cpu"] = 2.5e-3 / 4.6
     sharing.report(todo, runs, 3)
     assert "a measuring bug to find" in capsys.readouterr().out
+
+
+def test_every_other_repeat_runs_the_cells_in_reverse_so_a_steady_drift_biases_no_ratio_one_way():
+    todo = [BASE[1], ALL[1], BASE[4], ALL[4]]
+    order = sharing.schedule(todo, 3)
+    assert [rep for rep, _ in order] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [c for _, c in order] == todo + todo[::-1] + todo
+    # the machine slows 10% per cell it runs: N=4 against N=1 leans one way in forward repeats,
+    # the other way in reversed ones
+    speed = {}
+    for i, (rep, cell) in enumerate(order):
+        speed[rep, cell] = 1.1 ** i
+    ratios = [speed[rep, ALL[1]] / speed[rep, ALL[4]] for rep in range(3)]  # rate ~ 1 / slowness
+    assert min(ratios) < 1 < max(ratios)
+
+
+def test_a_spread_miss_names_the_spread_of_one_member_alone_in_the_same_repeats(capsys):
+    out, goals = verdicts(capsys, speeds=(1.0, 1.0, 1.4))
+    missed = [text for text, ok in goals.items() if not ok and text.split()[:2] == ["all_shared", "4"]]
+    assert missed and "spread 40%" in missed[0] and "(one member alone, nothing shared: 40%)" in missed[0], out
