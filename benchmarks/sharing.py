@@ -16,7 +16,9 @@ baseline``, baseline's CPU over the scheme's (the paper's CPU reduction; its cei
 in each repeat, where the two ran minutes apart, so a drift of the machine's speed between repeats
 cancels: ``median (min-max)`` over the repeats (a median above N is explained: an unbalanced window,
 repeats straddling N, or an N-member baseline that pays for oversubscribed cores); ``vs N=1``,
-images/s per member over one member's of the same scheme, paired the same way (its median);
+images/s per member over one member's of the same scheme, paired the same way (its median; where
+members outnumber the cores, its ceiling is what as many processes that do nothing but preprocess
+get: ``benchmarks/preprocessing.py --layouts 1x2,4x1``);
 ``vs base N=1``,
 one member alone's CPU over the scheme's; and ``exch/prep``, the exchange's CPU (its copies and collectives) over the preprocessing CPU
 (the read and preprocess stages); ``balance``, the images preprocessed inside the window over those
