@@ -14,7 +14,10 @@ buffers, on every member: at 4 members and float32 224 px images that is ~45 MB 
 member per batch of 32, a third of the preprocessing CPU it was meant to save.
 
 Members exchange a unit of k consecutive batches at a time (their blocks written into k slots,
-one barrier for all), so a barrier's cost is paid once per k batches.
+one barrier for all), so a barrier's cost is paid once per k batches. The node barrier is a
+:class:`SleepingBarrier` in the window itself where the C library has process-shared POSIX
+semaphores (glibc): a member that arrives early sleeps in the kernel until the last one wakes it,
+where MPI's barrier, polled with back-off, woke it dozens of times per wait.
 
 Slot reuse: a member writes unit u's k slots after every node member entered unit u-1's barrier,
 i.e. after each had queued every batch of unit u-2. Alive on each member are then at most unit
@@ -105,6 +108,74 @@ def _files_of(pid: str) -> set[str]:
     return used
 
 
+class SleepingBarrier:
+    """A reusable barrier of the ``n`` processes that map ``buf`` (``BYTES`` of shared memory): a
+    count and three process-shared POSIX semaphores (a mutex and two turnstiles, the two-phase
+    barrier of Downey's *Little Book of Semaphores*). Waiting is ``sem_wait``, a futex: the
+    process sleeps until the last arrival posts, with no polls; ctypes releases the GIL around it,
+    so the member's other threads (its heartbeat included) run on. A member lost while others
+    wait is handled as everywhere else: the heartbeat notices and aborts the job."""
+
+    SEM = 64  # bytes per semaphore slot (glibc's sem_t is 32), one cache line each
+    BYTES = 4 * SEM  # the count, then the three semaphores
+
+    def __init__(self, buf: np.ndarray, n: int, init: bool):
+        import ctypes
+
+        self.libc = _semaphores()
+        if self.libc is None:
+            raise OSError("no process-shared POSIX semaphores in this C library")
+        self.n, self._errno = n, ctypes.get_errno
+        self.count = buf[:8].view(np.int64)
+        base = buf.ctypes.data
+        self.mutex, self.arrived, self.left = (ctypes.c_void_p(base + self.SEM * (i + 1)) for i in range(3))
+        if init:  # by one process, before any other uses it (the caller's MPI barrier orders that)
+            self.count[0] = 0
+            for sem, value in ((self.mutex, 1), (self.arrived, 0), (self.left, 0)):
+                if self.libc.sem_init(sem, 1, value) != 0:
+                    raise OSError(ctypes.get_errno(), "sem_init failed")
+
+    def _down(self, sem) -> None:
+        import errno
+
+        while self.libc.sem_wait(sem) != 0:
+            if self._errno() != errno.EINTR:  # a signal handler ran: wait on
+                raise OSError(self._errno(), "sem_wait failed")
+
+    def _up(self, sem, times: int = 1) -> None:
+        for _ in range(times):
+            self.libc.sem_post(sem)
+
+    def wait(self) -> None:
+        """Return once all ``n`` processes have called it (the same number of times each)."""
+        self._down(self.mutex)
+        self.count[0] += 1
+        if self.count[0] == self.n:  # the last to arrive lets everyone through the first turnstile
+            self._up(self.arrived, self.n)
+        self._up(self.mutex)
+        self._down(self.arrived)
+        self._down(self.mutex)  # and no one re-enters before everyone has left
+        self.count[0] -= 1
+        if self.count[0] == 0:
+            self._up(self.left, self.n)
+        self._up(self.mutex)
+        self._down(self.left)
+
+
+def _semaphores():
+    """The C library, where it has ``sem_init`` (Linux's glibc and musl); None elsewhere."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for name in ("sem_init", "sem_wait", "sem_post"):
+            getattr(libc, name).argtypes = [ctypes.c_void_p] + ([ctypes.c_int, ctypes.c_uint] if name == "sem_init" else [])
+            getattr(libc, name).restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
 class NodeBatchWindow:
     """The shared ring of batch slots of one group on this node, and the step that fills one."""
 
@@ -129,9 +200,15 @@ class NodeBatchWindow:
         raw = np.frombuffer(buf, np.uint8, count=size)
         self.images = raw[:img_bytes].view(self.dtype)[: slots * max_batch * self.image_elems].reshape(
             slots, max_batch, *image_shape)
-        self.meta = raw[img_bytes:].view(np.int64).reshape(slots, max_batch, 4)
+        meta_end = img_bytes + slots * max_batch * 4 * 8
+        self.meta = raw[img_bytes:meta_end].view(np.int64).reshape(slots, max_batch, 4)
+        ctrl = _aligned(meta_end)
         touch_pages(raw)  # every page of the window mapped into this process now, not in the first copies
-        self.node.Barrier()  # no member writes a batch before every member has mapped the window
+        self.sleeping = None  # the node barrier: a SleepingBarrier, or MPI's (polled) where there is none
+        if self.node.Get_size() > 1 and self.node.allreduce(_semaphores() is not None, op=MPI.LAND):
+            self.sleeping = SleepingBarrier(raw[ctrl:ctrl + SleepingBarrier.BYTES], self.node.Get_size(),
+                                            init=self.is_leader)
+        self.node.Barrier()  # no member writes a batch (or waits) before every member has mapped the window
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.next = 0
         self.slots, self.max_batch = slots, max_batch
@@ -156,7 +233,7 @@ class NodeBatchWindow:
                 self.stats.copy(self.meta[s][lo:lo + n[me]], block.meta)
             filled.append((s, total, n, offsets))
         self.win.Sync()
-        self.wait([self.node.Ibarrier()])
+        self._node_barrier()
         if self.multi_node:
             if self.is_leader:
                 requests = []
@@ -170,9 +247,15 @@ class NodeBatchWindow:
                                      (node_offsets * self.image_elems).tolist(), self.mpi_image_type])]
                 self.wait(requests)
                 self.win.Sync()
-            self.wait([self.node.Ibarrier()])
+            self._node_barrier()
         self.win.Sync()
         return [Batch(self.images[s][:total], self.meta[s][:total]) for s, total, _, _ in filled]
+
+    def _node_barrier(self) -> None:
+        if self.sleeping is not None:
+            self.sleeping.wait()
+        else:
+            self.wait([self.node.Ibarrier()])
 
     def _node_parts(self, counts: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         node_counts = np.array([sum(int(c) for c, n in zip(counts, self.node_of) if n == node) for node in self.nodes])
@@ -217,9 +300,10 @@ class NodeLayout:
 
 
 def _sizes(slots: int, max_batch: int, image_shape: tuple[int, ...], dtype) -> tuple[int, int]:
-    """Bytes of the window's image region (aligned; the int64 meta rows follow it) and in all."""
+    """Bytes of the window's image region (aligned; the int64 meta rows follow it, then the node
+    barrier's) and in all."""
     img_bytes = _aligned(slots * max_batch * int(np.prod(image_shape)) * np.dtype(dtype).itemsize)
-    return img_bytes, img_bytes + slots * max_batch * 4 * 8
+    return img_bytes, _aligned(img_bytes + slots * max_batch * 4 * 8) + SleepingBarrier.BYTES
 
 
 def window_bytes(slots: int, max_batch: int, image_shape: tuple[int, ...], dtype) -> int:
