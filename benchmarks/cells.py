@@ -40,3 +40,11 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     """``median (min-max)`` of the values times ``scale``."""
     v = np.asarray(values, float) * scale
     return f"{np.median(v):.{digits}f} ({v.min():.{digits}f}-{v.max():.{digits}f})"
+
+
+def schedule(todo: list, repeats: int) -> list[tuple[int, object]]:
+    """Every item once per repeat, the order reversed in every other repeat (A B C, C B A, A B C):
+    two items paired in a ratio may run minutes apart within a repeat, and a drift of the machine's
+    speed over those minutes would bias every repeat's ratio alike; run both ways, it raises the
+    ratio in one repeat and lowers it in the next."""
+    return [(rep, item) for rep in range(repeats) for item in (todo if rep % 2 == 0 else todo[::-1])]

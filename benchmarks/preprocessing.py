@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from cells import dataset, spread
+from cells import dataset, schedule, spread
 
 from enspipe.data.shards import load_manifest, read_slices
 from enspipe.data.preprocessing import make_preprocess_fn
@@ -59,19 +59,15 @@ def worker(images: int, size: int, threads: int, passes: int, procs: int) -> Non
     the go (a line on stdin), then preprocess its 1/``procs`` share of ``passes`` passes over the
     images; print its wall and CPU seconds."""
     from enspipe.run.memory import set_malloc
-    from enspipe.run.pipeline import element_fn
+    from enspipe.run.pipeline import element_fn, tf_data_options
 
     set_malloc("keep")
     encoded = encoded_images(images)
     one = element_fn("inception", size, False, "float32", 0)
     ds = tf.data.Dataset.range(2**62).map(lambda i: {
         "encoded": tf.gather(encoded, i % len(encoded)), "id": i, "epoch": i // len(encoded), "position": i, "label": i})
-    opts = tf.data.Options()
-    opts.threading.private_threadpool_size = threads
-    opts.threading.max_intra_op_parallelism = 1
-    opts.autotune.enabled = False
-    opts.deterministic = True
-    it = iter(ds.map(one, num_parallel_calls=threads, deterministic=True).batch(32).with_options(opts))
+    it = iter(ds.map(one, num_parallel_calls=threads, deterministic=True).batch(32).with_options(
+        tf_data_options(threads)))
     for _ in range(4):  # warm-up: tracing, pools, malloc's heaps
         next(it)[0].numpy()
     print("ready", flush=True)
@@ -114,9 +110,8 @@ def layouts(a) -> None:
     print(f"{a.images} synthetic JPEGs, inception, {a.size} px, {a.passes} passes per layout, {os.cpu_count()} CPUs "
           f"visible, {a.repeats} repeats interleaved (every other one in reverse order)")
     runs: dict = {lay: [] for lay in todo}
-    for rep in range(a.repeats):
-        for lay in todo if rep % 2 == 0 else todo[::-1]:
-            runs[lay].append(run_layout(*lay, a))
+    for _, lay in schedule(todo, a.repeats):
+        runs[lay].append(run_layout(*lay, a))
     first = todo[0]
     print(f"{'processes x threads':<21}{'node img/s':>18}{'CPU ms/img':>20}{'rate vs ' + 'x'.join(map(str, first)):>18}"
           f"{'CPU vs ' + 'x'.join(map(str, first)):>18}")

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from cells import dataset, run_cell, spread
+from cells import dataset, run_cell, schedule, spread
 
 from enspipe.measure.stages import STAGES
 from enspipe.plan.schemes import SCHEME_KINDS
@@ -176,14 +176,6 @@ def main() -> None:
     report(todo, runs, a.repeats)
     for f in failed:
         print(f"failed: {f}")
-
-
-def schedule(todo: list[Cell], repeats: int) -> list[tuple[int, Cell]]:
-    """Every cell once per repeat, the order reversed in every other repeat (A B C, C B A, A B C):
-    two cells paired in a ratio (N members against one) may run minutes apart within a repeat, and
-    a drift of the machine's speed over those minutes would bias every repeat's ratio alike; run
-    both ways, it raises the ratio in one repeat and lowers it in the next."""
-    return [(rep, cell) for rep in range(repeats) for cell in (todo if rep % 2 == 0 else todo[::-1])]
 
 
 def paired(runs: dict, over: Cell, under: Cell, key: str) -> list[float]:

@@ -27,6 +27,7 @@ never overwrite a batch still in use.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -162,6 +163,7 @@ class SleepingBarrier:
         self._down(self.left)
 
 
+@functools.lru_cache(maxsize=None)
 def _semaphores():
     """The C library, where it has ``sem_init`` (Linux's glibc and musl); None elsewhere."""
     import ctypes
@@ -194,15 +196,13 @@ class NodeBatchWindow:
         self.image_shape, self.dtype = tuple(image_shape), np.dtype(dtype)
         self.mpi_image_type, self.mpi_meta_type = from_numpy_dtype(self.dtype), from_numpy_dtype(np.int64)
         self.image_elems = int(np.prod(image_shape))
-        img_bytes, size = _sizes(slots, max_batch, image_shape, self.dtype)
+        img_bytes, ctrl, size = _sizes(slots, max_batch, image_shape, self.dtype)
         self.win = MPI.Win.Allocate_shared(size if self.is_leader else 0, 1, comm=self.node)
         buf, _ = self.win.Shared_query(0)
         raw = np.frombuffer(buf, np.uint8, count=size)
         self.images = raw[:img_bytes].view(self.dtype)[: slots * max_batch * self.image_elems].reshape(
             slots, max_batch, *image_shape)
-        meta_end = img_bytes + slots * max_batch * 4 * 8
-        self.meta = raw[img_bytes:meta_end].view(np.int64).reshape(slots, max_batch, 4)
-        ctrl = _aligned(meta_end)
+        self.meta = raw[img_bytes:ctrl].view(np.int64)[: slots * max_batch * 4].reshape(slots, max_batch, 4)
         touch_pages(raw)  # every page of the window mapped into this process now, not in the first copies
         self.sleeping = None  # the node barrier: a SleepingBarrier, or MPI's (polled) where there is none
         if self.node.Get_size() > 1 and self.node.allreduce(_semaphores() is not None, op=MPI.LAND):
@@ -299,12 +299,13 @@ class NodeLayout:
         self.node.Free()
 
 
-def _sizes(slots: int, max_batch: int, image_shape: tuple[int, ...], dtype) -> tuple[int, int]:
-    """Bytes of the window's image region (aligned; the int64 meta rows follow it, then the node
-    barrier's) and in all."""
+def _sizes(slots: int, max_batch: int, image_shape: tuple[int, ...], dtype) -> tuple[int, int, int]:
+    """The window's layout: where its int64 meta rows start (after the images, aligned), where the
+    node barrier's bytes start (after the meta rows, aligned), and its bytes in all."""
     img_bytes = _aligned(slots * max_batch * int(np.prod(image_shape)) * np.dtype(dtype).itemsize)
-    return img_bytes, _aligned(img_bytes + slots * max_batch * 4 * 8) + SleepingBarrier.BYTES
+    ctrl = _aligned(img_bytes + slots * max_batch * 4 * 8)
+    return img_bytes, ctrl, ctrl + SleepingBarrier.BYTES
 
 
 def window_bytes(slots: int, max_batch: int, image_shape: tuple[int, ...], dtype) -> int:
-    return _sizes(slots, max_batch, image_shape, dtype)[1]
+    return _sizes(slots, max_batch, image_shape, dtype)[2]

@@ -80,6 +80,19 @@ def element_fn(preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, 
     return one
 
 
+def tf_data_options(threads: int) -> tf.data.Options:
+    """A member's tf.data options: a private pool of ``threads``, one thread per op, deterministic."""
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = threads
+    opts.threading.max_intra_op_parallelism = 1
+    opts.deterministic = True
+    # Parallelism is set explicitly (``threads``), so tf.data's autotuner has nothing to tune;
+    # its model thread sleeps up to 10 s between passes and an iterator's destructor waits for
+    # it, holding the GIL: stopping a member took 10 s in half the runs and silenced its heartbeat.
+    opts.autotune.enabled = False
+    return opts
+
+
 def occupancy_stats(samples: list[tuple], names: tuple[str, ...], depth: int, t0: float, t1: float) -> dict:
     """Per queue, the mean, min and max occupancy (fraction of ``depth``) over the samples
     ``(time, size per queue...)`` taken in ``[t0, t1]`` (all of them if none was)."""
@@ -133,15 +146,7 @@ class Pipeline:
 
     # -- plumbing -----------------------------------------------------------------------------
     def _options(self) -> tf.data.Options:
-        opts = tf.data.Options()
-        opts.threading.private_threadpool_size = self.threads
-        opts.threading.max_intra_op_parallelism = 1
-        opts.deterministic = True
-        # Parallelism is set explicitly (``threads``), so tf.data's autotuner has nothing to tune;
-        # its model thread sleeps up to 10 s between passes and an iterator's destructor waits for
-        # it, holding the GIL: stopping a member took 10 s in half the runs and silenced its heartbeat.
-        opts.autotune.enabled = False
-        return opts
+        return tf_data_options(self.threads)
 
     def _put(self, name: str, item) -> None:
         if not put_until_stopped(self.queues[name], item, self.stop):
