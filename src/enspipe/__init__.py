@@ -1,6 +1,39 @@
-"""enspipe: shared input pipelines for DNN ensemble training over MPI group collectives."""
+"""enspipe: shared input pipelines for DNN ensemble training over MPI group collectives.
+
+Under ``mpiexec -n N python train.py``, each rank is one member of the ensemble::
+
+    import enspipe
+    stream = enspipe.SharedStream("data/train", batch_size=64, scheme="all_shared")
+    model.fit(stream.dataset(), epochs=5, steps_per_epoch=stream.steps_per_epoch)
+    stream.close()
+
+The public names (imported on first use, so ``import enspipe`` stays cheap):
+
+* :class:`SharedStream`: one member's stream of shared, preprocessed batches;
+* :class:`StreamConfig`: its options, validated when made;
+* :func:`validation_set`: a small dataset in memory, preprocessed for evaluation;
+* :class:`ConfigError`: a bad option or input, naming the field and the fix;
+* :class:`DataError`: the data broke its manifest (a corrupt record, a lost sample).
+"""
 import os as _os
 
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # rank 0 alone talks to the terminal, and briefly
 
 __version__ = "0.1.0"
+__all__ = ["SharedStream", "StreamConfig", "validation_set", "ConfigError", "DataError", "__version__"]
+
+_PUBLIC = {"SharedStream": "enspipe.api.stream", "StreamConfig": "enspipe.plan.stream",
+           "validation_set": "enspipe.api.validation",
+           "ConfigError": "enspipe.plan.errors", "DataError": "enspipe.data.manifest"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'enspipe' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_PUBLIC])

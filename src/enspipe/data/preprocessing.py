@@ -15,8 +15,10 @@ for a given element is the same whichever rank preprocesses it and however many 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import tensorflow as tf
 
 VGG_MEANS = (123.68, 116.78, 103.94)
@@ -130,3 +132,40 @@ def make_preprocess_fn(name: str, size: int, fast_mode: bool = False) -> Callabl
         return train(decode(encoded), size, seed, fast_mode)
 
     return fn
+
+
+@dataclass(frozen=True)
+class UserPreprocess:
+    """A user's preprocessing: ``fn(image, seed) -> tensor`` on one decoded image (uint8, H x W x 3)
+    and its per-sample stateless seed (int64 ``[2]``: use ``tf.random.stateless_*`` ops with it, so
+    a sample comes out the same whichever member preprocesses it), returning a tensor of
+    ``shape`` and ``dtype`` for every sample (checked where it runs)."""
+
+    fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+    def encoded_fn(self) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+        """``fn(encoded_jpeg, seed) -> tensor`` for tf.data ``map``, its output checked against
+        ``shape`` and ``dtype``."""
+        dtype = tf.as_dtype(self.dtype)
+
+        def fn(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+            out = tf.convert_to_tensor(self.fn(decode(encoded), seed))
+            if out.dtype != dtype:
+                raise TypeError(f"preprocess {self.name} returned {out.dtype.name} here, {dtype.name} for the first "
+                                "sample: return one dtype for every sample")
+            return tf.ensure_shape(out, self.shape, name="preprocess_output_shape")
+
+        return fn
+
+
+def output_spec(preprocessing: "str | UserPreprocess", size: int, wire_dtype: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and element type of one preprocessed image as it travels between members."""
+    if isinstance(preprocessing, UserPreprocess):
+        return tuple(preprocessing.shape), np.dtype(preprocessing.dtype)
+    return (size, size, 3), np.dtype(np.uint8 if wire_dtype == "uint8" else np.float32)

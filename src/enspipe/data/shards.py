@@ -333,6 +333,14 @@ def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip
     return ds.shuffle(effective_shuffle_buffer(m, shuffle_buffer), seed=epoch_seed + 1) if shuffle_buffer else ds
 
 
+def _without_global_seed() -> None:
+    """Inside a function tf.data is tracing: draw its shuffles from their own seeds alone. The
+    traced graph inherits the process's global seed (``tf.random.set_seed``, ``keras.utils.
+    set_random_seed``), which would mix into the order and differ between members that seed their
+    models differently; and with one set, TensorFlow cannot take the epoch's seed as a tensor."""
+    tf.compat.v1.get_default_graph().seed = None
+
+
 def sample_stream(m: Manifest, order_seed: int | tf.Tensor, shuffle_buffer: int = 1024,
                   skip_corrupt: bool = False, in_graph: bool = False) -> tf.data.Dataset:
     """The infinite stream of ``dict(position, epoch, key, payload, label)``.
@@ -342,6 +350,7 @@ def sample_stream(m: Manifest, order_seed: int | tf.Tensor, shuffle_buffer: int 
     record is read by the graph itself (see :func:`_epoch_records`).
     """
     def epoch(e):
+        _without_global_seed()
         seed = tf.cast(order_seed, tf.int64) * 1_000_003 + e * 7_919
         return _epoch_records(m, seed, shuffle_buffer, skip_corrupt, in_graph).map(
             lambda key, payload, label, shard, record: {"epoch": e, "key": key, "payload": payload, "label": label,
@@ -392,6 +401,7 @@ class IndexedOrder:
 
     def _epoch_dataset(self, e):
         """Epoch ``e``'s numbers: the shuffles and interleave of :func:`_epoch_records` (and its seed)."""
+        _without_global_seed()
         seed = tf.cast(self.order_seed, tf.int64) * 1_000_003 + e * 7_919
         files = tf.data.Dataset.from_tensor_slices((self.counts, self.first))
         if self.shuffle_buffer:

@@ -50,6 +50,9 @@ class Batch:
     images: np.ndarray
     meta: np.ndarray
     stream: int = 0  # which producer's stream it came from (the tf.data service's workers; 0 otherwise)
+    # its arrays are a node-shared slot that the node's members refill: valid until the consumer has
+    # taken as many batches again as the window has slots (copy what must outlive that)
+    volatile: bool = False
 
     def __len__(self) -> int:
         return len(self.meta)

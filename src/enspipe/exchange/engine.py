@@ -11,6 +11,7 @@ mpi4py's buffer-based (uppercase) non-blocking calls on communicators built once
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -20,13 +21,19 @@ from enspipe.plan.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
 from enspipe.common import keys
 
 class BufferRing:
-    """Receive buffers allocated once and reused in turn.
+    """Receive buffers allocated once and reused in turn, pinned while anyone still holds them.
 
     Allocating a fresh batch per step costs as much CPU as the copy itself (page faults on first
     touch), so the ring's pages are touched once when it is made. A slot is reused ``slots`` takes
-    later, so ``slots`` must exceed the number of batches alive at once: the compute queue's
-    capacity, the one being consumed and the unit being received (``queue_depth + 1 + unit``; the
-    previous unit's batches are all queued by then).
+    later, so ``slots`` must exceed the number of batches the pipeline keeps alive at once: the
+    compute queue's capacity, the one being consumed and the unit being received
+    (``queue_depth + 1 + unit``; the previous unit's batches are all queued by then).
+
+    A consumer may keep a batch longer (a list of batches, a replay buffer): every view of a slot
+    refers to the slot's array, so its reference count says whether anything outside the ring
+    still holds it. Such a slot is never written again: :meth:`take` leaves it to its holders and
+    puts a new buffer in its place (``replaced`` counts them), so a batch never changes under
+    whoever holds it.
     """
 
     def __init__(self, slots: int, max_batch: int, image_shape: tuple[int, ...], dtype):
@@ -35,11 +42,20 @@ class BufferRing:
         for a in (*self.images, *self.meta):
             touch_pages(a)
         self.next = 0
+        self.replaced = 0
+
+    def held(self, i: int) -> bool:
+        """Whether slot ``i`` is referenced outside the ring (the list's reference and the call's
+        argument are the ring's own)."""
+        return sys.getrefcount(self.images[i]) > 2 or sys.getrefcount(self.meta[i]) > 2
 
     def take(self, n: int) -> Batch:
         i, self.next = self.next, (self.next + 1) % len(self.images)
         if n > len(self.meta[i]):
             raise ValueError(f"a batch of {n} exceeds the receive buffers' {len(self.meta[i])}")
+        if self.held(i):  # its last batch is still held: leave it to its holders
+            self.images[i], self.meta[i] = np.empty_like(self.images[i]), np.empty_like(self.meta[i])
+            self.replaced += 1
         return Batch(self.images[i][:n], self.meta[i][:n])
 
 

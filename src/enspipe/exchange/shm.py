@@ -249,7 +249,7 @@ class NodeBatchWindow:
                 self.win.Sync()
             self._node_barrier()
         self.win.Sync()
-        return [Batch(self.images[s][:total], self.meta[s][:total]) for s, total, _, _ in filled]
+        return [Batch(self.images[s][:total], self.meta[s][:total], volatile=True) for s, total, _, _ in filled]
 
     def _node_barrier(self) -> None:
         if self.sleeping is not None:

@@ -393,6 +393,17 @@ class RunConfig:
 
         return self.batch_size if self.batch_size is not None else NETWORKS[self.network].batch_size
 
+    def stream(self):
+        """The stream/scheme part of this cell's options, as the library takes them."""
+        from enspipe.plan.stream import StreamConfig
+
+        return StreamConfig(data=self.data, batch_size=self.global_batch, scheme=self.scheme,
+                            preprocessors=self.preprocessors, image_size=self.image_size, seed=self.seed,
+                            shuffle_buffer=self.shuffle_buffer, queue_depth=self.queue_depth,
+                            block_images=self.block_images, node_shm=self.node_shm, transport=self.transport,
+                            wire_dtype=self.wire_dtype, fast_mode=self.fast_mode, skip_corrupt=self.skip_corrupt,
+                            sample_interval=self.sample_interval)
+
     @property
     def total_steps(self) -> int:
         return self.warmup + self.steps

@@ -315,7 +315,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
         transport = TfDataService(comm, scheme, cfg, manifest, preprocessing, where.threads, events)
         pipeline = ServicePipeline(transport, rank, cfg.queue_depth, cfg.sample_interval, events)
     else:
-        transport, pipeline = _enspipe_pipeline(cfg, comm, scheme, rank, manifest, preprocessing, where, events)
+        transport, pipeline = _enspipe_pipeline(cfg, comm, scheme, manifest, preprocessing, where, events)
     dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
     # a data-parallel member's ranks all-reduce its gradients among themselves (collective: every rank splits)
     group = comm.Split(cfg.member_of(rank), rank) if max(cfg.data_parallel) > 1 else None
@@ -380,32 +380,13 @@ def unit_batches(cfg: RunConfig, scheme) -> int:
     return 1 if cfg.skip_corrupt else scheme.unit_batches(cfg.global_batch, cfg.block_images, cfg.steps)
 
 
-def _enspipe_pipeline(cfg: RunConfig, comm, scheme, rank: int, manifest, preprocessing: str, where, events):
+def _enspipe_pipeline(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where, events):
     """The transport and the staged pipeline of one of enspipe's schemes."""
-    from enspipe.exchange.engine import ExchangeEngine, Mpi4pyTransport
-    from enspipe.run.pipeline import Pipeline
+    from enspipe.run.pipeline import build_pipeline
 
-    size = cfg.image_size
-    wire = np.uint8 if cfg.wire_dtype == "uint8" else np.float32
-    common = (comm, scheme.groups(), (size, size, 3), wire)
-    unit = unit_batches(cfg, scheme)
-    if cfg.transport == "horovod":
-        from enspipe.exchange.horovod import HorovodTransport
-
-        transport = HorovodTransport(*common, events=events, reduce_groups=[
-            tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1])  # data-parallel members' gradients
-    else:
-        transport = Mpi4pyTransport(*common, max_batch=cfg.global_batch, queue_depth=cfg.queue_depth,
-                                    node_shm=cfg.node_shm, events=events, uses=scheme.uses(), unit=unit)
-    engine = ExchangeEngine(scheme, rank, transport, cfg.global_batch, fixed_blocks=not cfg.skip_corrupt, unit=unit)
-    seed_offset = 0 if scheme.shared else rank  # baseline members each have their own stream
-    pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=cfg.global_batch,
-                        preprocessing=preprocessing, image_size=size, threads=where.threads,
-                        order_seed=cfg.seed + seed_offset, prep_seed=cfg.seed + seed_offset,
-                        shuffle_buffer=cfg.shuffle_buffer, queue_depth=cfg.queue_depth,
-                        skip_corrupt=cfg.skip_corrupt, fast_mode=cfg.fast_mode, wire_dtype=cfg.wire_dtype,
-                        sample_interval=cfg.sample_interval, events=events)
-    return transport, pipeline
+    data_parallel = [tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1]
+    return build_pipeline(comm, scheme, manifest, preprocessing, cfg.stream(), where.threads, events,
+                          steps=cfg.steps, reduce_groups=data_parallel)
 
 
 def _measure(job: _Job, warm: "_Warmup") -> _Window:

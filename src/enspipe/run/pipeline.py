@@ -37,7 +37,7 @@ from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.shards import CORRUPT_LABEL, locate_corrupt_record, read_slices
 from enspipe.exchange.base import Batch
 from enspipe.exchange.engine import ExchangeEngine
-from enspipe.data.preprocessing import OUTPUT_RANGE, decode, make_preprocess_fn
+from enspipe.data.preprocessing import OUTPUT_RANGE, UserPreprocess, decode, make_preprocess_fn, output_spec
 from enspipe.measure.stages import StageClock
 from enspipe.measure.threadcpu import set_thread_name
 from enspipe.common import keys
@@ -49,8 +49,8 @@ class PipelineFailed(RuntimeError):
     pass
 
 
-class _Stopped(Exception):
-    pass
+class Stopped(Exception):
+    """The pipeline was closed while a stage (or its consumer) waited."""
 
 
 def quantizer(preprocessing: str):
@@ -66,12 +66,17 @@ def quantizer(preprocessing: str):
     return quantize, dequantize
 
 
-def element_fn(preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed):
+def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool, wire_dtype: str, prep_seed):
     """One sample's preprocessing, the same in every arm (enspipe's pipelines and the tf.data
     service's graph): decode and augment with the stateless seed ``(prep_seed, position)``,
-    quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``."""
-    prep = make_preprocess_fn(preprocessing, size, fast_mode)
-    quantize = quantizer(preprocessing)[0] if wire_dtype == "uint8" else (lambda x: x)
+    quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``. A user's
+    preprocessing (:class:`~enspipe.data.preprocessing.UserPreprocess`) goes on the wire as it
+    returns it."""
+    if isinstance(preprocessing, UserPreprocess):
+        prep, quantize = preprocessing.encoded_fn(), (lambda x: x)
+    else:
+        prep = make_preprocess_fn(preprocessing, size, fast_mode)
+        quantize = quantizer(preprocessing)[0] if wire_dtype == "uint8" else (lambda x: x)
 
     def one(e):
         seed = tf.stack([tf.cast(prep_seed, tf.int64), e["position"]])
@@ -117,7 +122,7 @@ def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
 
 class Pipeline:
     def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
-                 preprocessing: str, image_size: int, threads: int, order_seed: int, prep_seed: int,
+                 preprocessing: "str | UserPreprocess", image_size: int, threads: int, order_seed: int, prep_seed: int,
                  shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
                  wire_dtype: str, sample_interval: float, events):
         self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
@@ -125,6 +130,7 @@ class Pipeline:
         self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
         self.sample_interval, self.events = sample_interval, events
+        self.image_shape, self.image_dtype = output_spec(preprocessing, image_size, wire_dtype)
         self.share = engine.scheme.share(rank, batch)
         self.unit = engine.unit  # global batches per read, preprocessing call and exchange
         if skip_corrupt and self.unit != 1:
@@ -150,7 +156,7 @@ class Pipeline:
 
     def _put(self, name: str, item) -> None:
         if not put_until_stopped(self.queues[name], item, self.stop):
-            raise _Stopped
+            raise Stopped
 
     def _get(self, name: str):
         while True:
@@ -158,7 +164,7 @@ class Pipeline:
                 stage, exc, _ = self.failure
                 raise PipelineFailed(f"{stage} stage failed: {type(exc).__name__}: {exc}") from exc
             if self.stop.is_set():
-                raise _Stopped
+                raise Stopped
             try:
                 return self.queues[name].get(timeout=0.2)
             except queue.Empty:
@@ -170,7 +176,7 @@ class Pipeline:
             try:
                 fn()
                 self.stop.wait()  # stay alive until close(), so the thread's CPU time stays visible
-            except _Stopped:
+            except Stopped:
                 pass
             except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
                 if self.failure is None:
@@ -218,7 +224,7 @@ class Pipeline:
         def per_slice(b):  # one slice's images, the skipped ones left out, and a marker at its end
             items = tf.data.Dataset.from_tensor_slices(b).map(one, num_parallel_calls=self.threads, deterministic=True)
             items = items.ignore_errors().concatenate(tf.data.Dataset.from_tensors(
-                (tf.zeros([self.size, self.size, 3], tf.uint8 if self.wire_dtype == "uint8" else tf.float32),
+                (tf.zeros(self.image_shape, tf.as_dtype(self.image_dtype)),
                  tf.constant([-1, -1, -1, -1], tf.int64))))
             return items.batch(slice_len + 1)
 
@@ -236,7 +242,7 @@ class Pipeline:
                 images, meta = next(it)
             except (StopIteration, tf.errors.OpError) as e:
                 if self.stop.is_set():  # closed while the stage waited for its input
-                    raise _Stopped from None
+                    raise Stopped from None
                 if isinstance(e, tf.errors.InvalidArgumentError):
                     raise DataError(self._diagnose(pending, e)) from None
                 raise
@@ -278,7 +284,7 @@ class Pipeline:
             with self._cond:
                 self._cond.wait_for(lambda: self.stop.is_set() or self._limit is None or self._begun < self._limit)
                 if self.stop.is_set():
-                    raise _Stopped
+                    raise Stopped
                 self._begun += self.unit
             mine = [self._get("exchange") if self.is_preprocessor else None for _ in range(self.unit)]
             for batch in self.engine.run(mine):
@@ -359,3 +365,36 @@ class Pipeline:
 
     def occupancy_stats(self, t0: float, t1: float) -> dict:
         return occupancy_stats(self.samples, QUEUES, self.depth, t0, t1)
+
+
+def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, threads: int, events,
+                   steps: int | None = None, reduce_groups: tuple = ()):
+    """One member's transport and staged pipeline for one of enspipe's schemes (not the tf.data
+    service's): ``stream`` is its :class:`~enspipe.plan.stream.StreamConfig`, ``preprocessing`` a
+    built-in's name or a :class:`~enspipe.data.preprocessing.UserPreprocess`, ``threads`` the size
+    of its preprocessing pool; ``steps`` (a measured window's length) cuts the unit to divide it;
+    ``reduce_groups``: data-parallel members' ranks, whose gradients the Horovod transport also sums.
+    Collective over ``comm``. Returns ``(transport, pipeline)``."""
+    from enspipe.exchange.engine import Mpi4pyTransport
+
+    rank = comm.Get_rank()
+    shape, dtype = output_spec(preprocessing, stream.image_size, stream.wire_dtype)
+    common = (comm, scheme.groups(), shape, dtype)
+    unit = 1 if stream.skip_corrupt else scheme.unit_batches(stream.batch_size, stream.block_images, steps)
+    if stream.transport == "horovod":
+        from enspipe.exchange.horovod import HorovodTransport
+
+        transport = HorovodTransport(*common, events=events, reduce_groups=list(reduce_groups))
+    else:
+        transport = Mpi4pyTransport(*common, max_batch=stream.batch_size, queue_depth=stream.queue_depth,
+                                    node_shm=stream.node_shm, events=events, uses=scheme.uses(), unit=unit)
+    engine = ExchangeEngine(scheme, rank, transport, stream.batch_size, fixed_blocks=not stream.skip_corrupt,
+                            unit=unit)
+    seed = stream.seed + (0 if scheme.shared else rank)  # baseline members each have their own stream
+    pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=stream.batch_size,
+                        preprocessing=preprocessing, image_size=stream.image_size, threads=threads,
+                        order_seed=seed, prep_seed=seed, shuffle_buffer=stream.shuffle_buffer,
+                        queue_depth=stream.queue_depth, skip_corrupt=stream.skip_corrupt,
+                        fast_mode=stream.fast_mode, wire_dtype=stream.wire_dtype,
+                        sample_interval=stream.sample_interval, events=events)
+    return transport, pipeline

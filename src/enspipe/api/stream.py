@@ -1,0 +1,294 @@
+"""The shared stream: what a member's own training script iterates, under ``mpiexec``/``srun``.
+
+Every rank of the job is one member of the ensemble. Each builds its own model, loss and optimizer;
+all of them read one shuffled stream of the same global batches, whose preprocessing the scheme
+splits among them (All-Shared: each member preprocesses 1/n of every batch, and an all-gather
+gives every member the whole batch). A member sees every sample exactly once per epoch.
+
+Example (every rank runs it)::
+
+    import enspipe
+    stream = enspipe.SharedStream("data/train", batch_size=64, scheme="all_shared", image_size=224)
+    model.fit(stream.dataset(), epochs=5, steps_per_epoch=stream.steps_per_epoch)
+    stream.close()   # waits for the other members, serving their batches meanwhile
+
+or without Keras::
+
+    with enspipe.SharedStream("data/train", batch_size=64) as stream:
+        for epoch in range(5):
+            for images, labels in stream:   # one epoch: len(stream) batches of numpy arrays
+                ...
+
+Ending: :meth:`SharedStream.close` ends this member's use of the stream; its producers go on
+making its share of the batches for the members still training, until every member has closed
+(so one member's early stop never starves the others), and then all stop together. An exception
+inside ``with SharedStream(...)`` aborts the whole job at once (``MPI_Abort``) with the error, so
+nobody waits for a member that died; a member that is lost (killed, its node gone) is noticed by
+the heartbeat within ``peer_timeout`` seconds and the job aborted.
+"""
+from __future__ import annotations
+
+import atexit
+import math
+import sys
+import traceback
+
+import numpy as np
+
+from enspipe.plan.stream import StreamConfig
+
+
+class StreamClosed(RuntimeError):
+    """The stream was closed: no more batches."""
+
+
+class SharedStream:
+    """One member's view of the ensemble's shared stream of preprocessed batches.
+
+    ``SharedStream(data, batch_size, **options)``: ``options`` are :class:`StreamConfig`'s
+    fields (``scheme``, ``preprocessors``, ``preprocess``, ``image_size``, ``seed``, ...), plus:
+
+    * ``comm``: the MPI communicator whose ranks are the members (default ``MPI.COMM_WORLD``);
+    * ``peer_timeout``: seconds a member may go unheard before the job is aborted (default 30);
+    * ``malloc``: ``"keep"`` (default) lets this process's malloc reuse freed images' pages
+      instead of faulting them in afresh (see :mod:`enspipe.run.memory`); ``"system"`` leaves it;
+    * ``threads``: the preprocessing pool's size (default: this member's fair share of its host's
+      cores);
+    * ``log_dir``: write this member's event log there (off by default).
+
+    Construction validates everything and tries a user's preprocessing on the first samples
+    before any collective, raising :class:`enspipe.ConfigError` naming the culprit; then it is
+    collective over ``comm`` (every member must construct its stream).
+
+    Batches are ``(images, labels)`` numpy arrays, read-only. They stay valid for as long as you
+    hold them: the exchange's buffers are pinned while referenced, and node-shared memory is
+    copied out, so a kept batch never changes.
+    """
+
+    def __init__(self, data, batch_size: int, *, comm=None, peer_timeout: float = 30.0, malloc: str = "keep",
+                 threads: int | None = None, log_dir: str | None = None, **options):
+        self.config = StreamConfig(data=data, batch_size=batch_size, **options)
+        _check_member_options(peer_timeout, malloc, threads)
+        self.manifest, self._preprocessing = self.config.check()  # files and user code: before any collective
+        from enspipe.plan.schemes import make_scheme
+
+        comm = _world() if comm is None else comm
+        make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)  # no collective
+        self._comm, self._closed, self._delivered = comm, False, 0
+        self._start(peer_timeout, malloc, threads, log_dir)
+        atexit.register(self._at_exit)
+
+    # -- what a training script reads ---------------------------------------------------------
+    @property
+    def num_images(self) -> int:
+        """Samples in one epoch of the dataset."""
+        return self.manifest.num_images
+
+    @property
+    def num_classes(self) -> int:
+        return self.manifest.num_classes
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch: ``ceil(num_images / batch_size)``. The stream runs on across epochs,
+        so where the batch does not divide the dataset an epoch's last batch begins the next."""
+        return math.ceil(self.num_images / self.config.batch_size)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    @property
+    def member(self) -> int:
+        """This member's index (its rank in ``comm``)."""
+        return self._comm.Get_rank()
+
+    @property
+    def members(self) -> int:
+        return self._comm.Get_size()
+
+    @property
+    def element_spec(self) -> tuple:
+        """``(image shape, image dtype)`` of one preprocessed sample."""
+        return self._pipeline.image_shape, self._pipeline.image_dtype
+
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next batch of the stream, ``(images, labels)``."""
+        images, meta = self._next(keep=True)
+        return images, meta[:, 3]
+
+    def __iter__(self):
+        """One epoch's batches (``len(self)`` of them), as ``(images, labels)``."""
+        for _ in range(self.steps_per_epoch):
+            yield self.next_batch()
+
+    def dataset(self):
+        """The stream as an endless ``tf.data.Dataset`` of ``(images, labels)`` batches: pass
+        ``steps_per_epoch=stream.steps_per_epoch`` to ``model.fit``."""
+        import tensorflow as tf
+
+        shape, dtype = self.element_spec
+        b = self.config.batch_size
+
+        def batches():
+            while True:
+                try:
+                    images, meta = self._next(keep=False)  # tf.data copies each batch as it is yielded
+                except StreamClosed:
+                    return
+                yield images, meta[:, 3]
+
+        return tf.data.Dataset.from_generator(batches, output_signature=(
+            tf.TensorSpec((b, *shape), tf.as_dtype(dtype)), tf.TensorSpec((b,), tf.int64)))
+
+    def epochs(self) -> list[dict]:
+        """The epochs this member has completed: per epoch its ``count`` of samples, their
+        order-free ``digest`` and how many are ``missing`` (0: every sample exactly once)."""
+        return self._ledger.completed()
+
+    # -- ending -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End this member's use of the stream. Until every member has closed, this member's
+        producers keep making its share of the batches for the others (what reaches it is
+        discarded); then all stop together. Raises :class:`enspipe.DataError` if an epoch this
+        member completed lacked samples."""
+        if self._closed:
+            return
+        self._closed = True
+        from enspipe.exchange.base import allreduce_quietly
+
+        MPI = _mpi()
+        everyone = self._control.Ibarrier()
+        while not everyone.Test():  # serve the others: drain what reaches this member
+            self._discard()
+        self._pipeline.finish(allreduce_quietly(self._control, self._pipeline.freeze(), MPI.MAX))
+        self._pipeline.drain()
+        self._pipeline.close()
+        self._transport.close()
+        self._control.Barrier()
+        self._heartbeat.stop()
+        self._control.Free()
+        self._events.close()
+        short = [e for e in self.epochs() if e["missing"]]
+        if short:
+            from enspipe.data.manifest import DataError
+
+            raise DataError(f"member {self.member}: epochs {[e['epoch'] for e in short]} lacked samples "
+                            f"({[e['missing'] for e in short]} missing): the data changed under its manifest")
+
+    def __enter__(self) -> "SharedStream":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None:
+            self.close()
+        elif not self._closed:
+            self._abort(f"member {self.member} failed: {kind.__name__}: {value}",
+                        "".join(traceback.format_exception(kind, value, tb)))
+
+    # -- internals ----------------------------------------------------------------------------
+    def _start(self, peer_timeout: float, malloc: str, threads: int | None, log_dir: str | None) -> None:
+        from enspipe.common.liveness import Heartbeat
+        from enspipe.data.ledger import EpochLedger
+        from enspipe.plan.schemes import make_scheme, node_groups
+        from enspipe.run.memory import set_malloc
+        from enspipe.run.pipeline import build_pipeline
+        from enspipe.run.placement import place
+
+        MPI, comm, cfg = _mpi(), self._comm, self.config
+        self.malloc = set_malloc(malloc)
+        where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
+        self.scheme = make_scheme(cfg.scheme, comm.Get_size(), cfg.preprocessors, cfg.batch_size,
+                                  node_groups(comm.allgather(where.mpi_node)))
+        self.placement = where
+        self._control = comm.Dup()  # ending together, apart from the exchange's communicators
+        self._heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: self._abort(
+            f"member {self.member}: member {peer} silent for {silent:.0f} s, lost (its process or node died)"),
+            timeout=peer_timeout).start()
+        self._events = _events(log_dir, comm.Get_rank())
+        self._transport, self._pipeline = build_pipeline(comm, self.scheme, self.manifest, self._preprocessing, cfg,
+                                                         threads or where.threads, self._events)
+        self._ledger = EpochLedger(self.manifest.num_images)
+        shape, dtype = self.element_spec
+        from enspipe.exchange.engine import BufferRing
+
+        self._keep = BufferRing(2, cfg.batch_size, shape, dtype)  # node-shared batches, copied out
+        self._pipeline.start()
+
+    def _next(self, keep: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The next batch as read-only arrays; ``keep``: valid for as long as it is held (a batch in
+        node-shared memory is copied out), else only until the pipeline has moved on."""
+        if self._closed:
+            raise StreamClosed("the stream is closed")
+        from enspipe.exchange.base import Batch
+        from enspipe.run.pipeline import Stopped
+
+        try:
+            batch: Batch = self._pipeline.next_batch()
+        except Stopped:
+            raise StreamClosed("the stream is closed") from None
+        self._ledger.add(batch.meta[:, 0], batch.meta[:, 1])
+        self._delivered += 1
+        images, meta = batch.images, batch.meta
+        if keep and batch.volatile:
+            out = self._keep.take(len(batch))
+            out.images[...] = images
+            out.meta[...] = meta
+            images, meta = out.images, out.meta
+        images, meta = images.view(), meta.view()
+        images.flags.writeable = meta.flags.writeable = False
+        return images, meta
+
+    def _discard(self) -> None:
+        import queue
+
+        try:
+            self._pipeline.queues["compute"].get(timeout=0.05)
+        except queue.Empty:
+            if self._pipeline.failure is not None:
+                self._pipeline.next_batch()  # raises PipelineFailed, naming the stage
+
+    def _abort(self, reason: str, tb: str = "") -> None:
+        print(f"enspipe: error: {reason}; aborting the job so that no member waits for this one", file=sys.stderr,
+              flush=True)
+        if tb:
+            print(tb, file=sys.stderr, flush=True)
+        self._comm.Abort(1)
+
+    def _at_exit(self) -> None:
+        if not self._closed:
+            try:
+                self.close()
+            except Exception as e:  # noqa: BLE001 - at exit: say it, take the job down
+                self._abort(f"member {self.member}: closing the stream at exit failed: {type(e).__name__}: {e}")
+
+
+def _check_member_options(peer_timeout, malloc, threads) -> None:
+    from enspipe.plan.errors import require
+
+    require(isinstance(peer_timeout, (int, float)) and math.isfinite(peer_timeout) and peer_timeout > 0,
+            "peer_timeout", f"must be a positive number of seconds, got {peer_timeout!r}", "pass e.g. 30")
+    require(malloc in ("keep", "system"), "malloc", f"unknown policy {malloc!r}", "choose keep or system")
+    require(threads is None or (isinstance(threads, int) and threads >= 1), "threads",
+            f"must be a positive integer, got {threads!r}", "pass threads=K, or leave it out")
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+def _world():
+    return _mpi().COMM_WORLD
+
+
+def _events(log_dir: str | None, rank: int):
+    from enspipe.common.events import EventLog, NullEvents
+
+    if log_dir is None:
+        return NullEvents()
+    import os
+
+    os.makedirs(log_dir, exist_ok=True)
+    return EventLog(log_dir, rank)
+

@@ -1,0 +1,25 @@
+"""A validation set for a member's own training loop, preprocessed the way its stream is."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def validation_set(data, preprocess="inception", image_size: int = 224) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, labels)`` of the small dataset at ``data``, in its canonical order, held in memory.
+
+    ``preprocess``: a built-in's name, whose evaluation transform is used (Slim's: a central crop
+    and resize, no random distortion), or your function ``fn(image, seed)``, run with seed
+    ``[0, position]``. Each member loads it itself (no collective).
+
+    Example::
+
+        val = enspipe.validation_set("data/val", image_size=128)
+        model.fit(stream.dataset(), epochs=5, steps_per_epoch=len(stream), validation_data=val)
+    """
+    from enspipe.data.validation import load_validation
+    from enspipe.plan.stream import StreamConfig
+
+    manifest, preprocessing = StreamConfig(data=data, batch_size=1, preprocess=preprocess,
+                                           image_size=image_size).check()
+    del manifest
+    return load_validation(str(data), preprocessing, image_size)

@@ -1,0 +1,56 @@
+"""A user's preprocessing, tried on the dataset's first samples before any member starts: it must
+run, in a tf.data graph, and return one static shape and one dtype for every sample."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from enspipe.data.manifest import Manifest
+from enspipe.data.preprocessing import UserPreprocess, decode
+from enspipe.data.shards import read_slices
+
+PROBE_SAMPLES = 2
+
+
+class PreprocessError(ValueError):
+    """A user's preprocessing failed its probe: ``problem`` says how, ``fix`` what to do."""
+
+    def __init__(self, problem: str, fix: str):
+        self.problem, self.fix = problem, fix
+        super().__init__(f"{problem}; {fix}")
+
+
+def first_samples(m: Manifest, seed: int, k: int = PROBE_SAMPLES) -> list[bytes]:
+    """The encoded images of the dataset's first ``k`` samples in canonical order."""
+    k = max(1, min(k, m.num_images))
+    return list(next(read_slices(m, seed, 0, False, k, 0, k))["encoded"])
+
+
+def probe_preprocess(fn, m: Manifest, seed: int) -> UserPreprocess:
+    """``fn`` run in a tf.data graph on the dataset's first samples, with their seeds; returns it
+    with its output's shape and dtype, or raises :class:`PreprocessError` naming it."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    encoded = first_samples(m, seed)
+
+    def one(e, position):
+        return fn(decode(e), tf.stack([tf.constant(seed, tf.int64), position]))
+
+    try:
+        ds = tf.data.Dataset.from_tensor_slices((encoded, np.arange(len(encoded), dtype=np.int64))).map(one)
+        spec = ds.element_spec
+        outs = [x.numpy() for x in ds]
+    except Exception as e:  # noqa: BLE001 - whatever the user's code raised, named
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise PreprocessError(f"preprocess {name} failed on the dataset's first sample: {type(e).__name__}: {first}",
+                              "fix the function: it gets one decoded uint8 image (H x W x 3) and an int64 seed [2] "
+                              "and returns a tensor") from None
+    if not isinstance(spec, tf.TensorSpec):
+        raise PreprocessError(f"preprocess {name} returned {spec}, not one tensor", "return a single tensor")
+    if not spec.shape.is_fully_defined():
+        raise PreprocessError(f"preprocess {name} returns shape {spec.shape} in a graph, not a fixed one",
+                              "resize or crop to a fixed size (tf.image.resize, tf.ensure_shape)")
+    shapes = {tuple(x.shape) for x in outs}
+    if len(shapes) > 1 or shapes != {tuple(spec.shape)}:
+        raise PreprocessError(f"preprocess {name} returned shapes {sorted(shapes)} for the dataset's first "
+                              f"{len(outs)} samples", "return one shape for every sample")
+    return UserPreprocess(fn, tuple(spec.shape.as_list()), np.dtype(spec.dtype.as_numpy_dtype))

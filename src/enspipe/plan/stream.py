@@ -1,0 +1,112 @@
+"""The shared stream's configuration: what the members read, how they preprocess it and how they
+share the work. One frozen record, validated when it is made (:class:`StreamConfig`); the checks
+against the files and the machine are a separate, explicit step (:meth:`StreamConfig.check`),
+made before any collective.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from enspipe.plan.errors import ConfigError, require
+from enspipe.plan.schemes import SCHEME_KINDS
+
+BUILTIN_PREPROCESSING = ("inception", "vgg")  # enspipe.data.preprocessing.PREPROCESSING's names
+TRANSPORTS = ("mpi4py", "horovod")
+WIRE_DTYPES = ("float32", "uint8")
+MALLOC_POLICIES = ("keep", "system")
+LIBRARY_SCHEMES = tuple(k for k, kind in SCHEME_KINDS.items() if not kind.service)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How every member's stream is made and shared.
+
+    Example::
+
+        cfg = StreamConfig(data="data/train", batch_size=64, scheme="all_shared")
+        cfg.check()   # the dataset and the preprocessing, before any collective
+
+    ``preprocess`` is a built-in's name (Slim's ``inception`` or ``vgg`` training preprocessing)
+    or a function ``fn(image, seed) -> tensor`` (see :class:`enspipe.data.preprocessing.UserPreprocess`).
+    """
+
+    data: str
+    batch_size: int
+    scheme: str = "all_shared"
+    preprocessors: int | None = None
+    preprocess: str | Callable = "inception"
+    image_size: int = 224
+    seed: int = 0
+    shuffle_buffer: int = 1024
+    queue_depth: int = 4
+    block_images: int = 32
+    node_shm: bool = True
+    transport: str = "mpi4py"
+    wire_dtype: str = "float32"
+    fast_mode: bool = False
+    skip_corrupt: bool = False
+    sample_interval: float = 0.1
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
+                "pass data=DIR: Slim TFRecord shards or JPEG class folders (enspipe make-dataset makes one)")
+        for name in ("batch_size", "image_size", "queue_depth", "block_images"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 1, name, f"must be a positive integer, got {value!r}",
+                    f"pass {name}=N with N >= 1")
+        require(isinstance(self.shuffle_buffer, int) and self.shuffle_buffer >= 0, "shuffle_buffer",
+                f"must be >= 0, got {self.shuffle_buffer!r}", "pass 0 for the canonical order")
+        require(self.scheme in LIBRARY_SCHEMES, "scheme", f"unknown scheme {self.scheme!r}",
+                f"choose one of {', '.join(LIBRARY_SCHEMES)}")
+        require(self.preprocessors is None or (isinstance(self.preprocessors, int) and self.preprocessors >= 1),
+                "preprocessors", f"must be >= 1, got {self.preprocessors!r}", "pass P >= 1, or leave it out")
+        require(self.transport in TRANSPORTS, "transport", f"unknown transport {self.transport!r}",
+                f"choose one of {', '.join(TRANSPORTS)}")
+        require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
+                f"choose one of {', '.join(WIRE_DTYPES)}")
+        require(self.transport == "mpi4py" or self.node_shm, "node_shm", "the Horovod transport has no node-shared "
+                "memory path to turn off", "leave node_shm on, or use transport='mpi4py'")
+        require(isinstance(self.sample_interval, (int, float)) and math.isfinite(self.sample_interval)
+                and self.sample_interval > 0, "sample_interval", f"must be a positive number, got "
+                f"{self.sample_interval!r}", "pass e.g. 0.1")
+        if callable(self.preprocess):
+            require(self.wire_dtype == "float32", "wire_dtype", "uint8 quantising needs a built-in's output range",
+                    "return uint8 from your preprocess function instead, and leave wire_dtype at float32")
+        else:
+            require(self.preprocess in BUILTIN_PREPROCESSING, "preprocess", f"unknown preprocessing "
+                    f"{self.preprocess!r}", f"name a built-in ({', '.join(BUILTIN_PREPROCESSING)}) or pass a function "
+                    "fn(image, seed) -> tensor")
+
+    @property
+    def user_preprocess(self) -> bool:
+        return callable(self.preprocess)
+
+    def check(self):
+        """The checks against the files: the dataset's manifest and shards, and a user's
+        preprocessing run on the dataset's first samples. Returns ``(manifest, preprocessing)``,
+        the latter a built-in's name or a :class:`~enspipe.data.preprocessing.UserPreprocess`;
+        raises :class:`ConfigError` naming the culprit. Collective-free: every rank reaches the
+        same verdict."""
+        from enspipe.data.manifest import DataError
+        from enspipe.data.shards import load_manifest, verify_digest
+
+        if not os.path.isdir(self.data):
+            raise ConfigError("data", f"{self.data}: no such directory", "pass a dataset directory")
+        try:
+            manifest = load_manifest(str(self.data))
+            problem = verify_digest(manifest)
+        except DataError as e:
+            raise ConfigError("data", str(e), "re-create the dataset, or re-index it with `enspipe index`") from None
+        if problem:
+            raise ConfigError("data", problem, "re-create the dataset, or re-index it with `enspipe index`")
+        if not self.user_preprocess:
+            return manifest, self.preprocess
+        from enspipe.data.probe import PreprocessError, probe_preprocess
+
+        try:
+            return manifest, probe_preprocess(self.preprocess, manifest, self.seed)
+        except PreprocessError as e:
+            raise ConfigError("preprocess", e.problem, e.fix) from None
