@@ -38,10 +38,11 @@ def probe_preprocess(fn, m: Manifest, seed: int) -> UserPreprocess:
     try:
         ds = tf.data.Dataset.from_tensor_slices((encoded, np.arange(len(encoded), dtype=np.int64))).map(one)
         spec = ds.element_spec
-        outs = [x.numpy() for x in ds]
+        outs = [x.numpy() for x in ds] if isinstance(spec, tf.TensorSpec) else []
     except Exception as e:  # noqa: BLE001 - whatever the user's code raised, named
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise PreprocessError(f"preprocess {name} failed on the dataset's first sample: {type(e).__name__}: {first}",
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        said = lines[-1] if lines else type(e).__name__  # autograph puts the user's own words last
+        raise PreprocessError(f"preprocess {name} failed on the dataset's first sample: {said}",
                               "fix the function: it gets one decoded uint8 image (H x W x 3) and an int64 seed [2] "
                               "and returns a tensor") from None
     if not isinstance(spec, tf.TensorSpec):

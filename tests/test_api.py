@@ -1,0 +1,168 @@
+"""The library: enspipe.SharedStream called from a member's own script under mpiexec."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import MPIEXEC, enspipe, step_values
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def members(mode: str, n: int, out, timeout: float = 240, **options):
+    """Run tests/stream_member.py under mpiexec -n ``n``; returns (CompletedProcess, per-member json)."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(HERE, "stream_member.py"), mode, str(out),
+           json.dumps(options)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    found = [out / f"member{k}.json" for k in range(n)]
+    return r, [json.loads(p.read_text()) for p in found if p.exists()]
+
+
+def test_the_public_names_are_documented_and_import_lazily():
+    code = ("import sys, enspipe; assert 'tensorflow' not in sys.modules and 'mpi4py' not in sys.modules; "
+            "print(sorted(n for n in enspipe.__all__ if not getattr(enspipe, n).__doc__ and n != '__version__'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"batch_size": 0}, "batch_size"),
+    ({"scheme": "all_shard"}, "scheme"),
+    ({"scheme": "tfdata_service"}, "scheme"),
+    ({"preprocess": "inceptoin"}, "preprocess"),
+    ({"preprocess": lambda image, seed: image, "wire_dtype": "uint8"}, "wire_dtype"),
+    ({"data": "/nonexistent/enspipe-data"}, "data"),
+    ({"peer_timeout": 0}, "peer_timeout"),
+    ({"threads": 0}, "threads"),
+])
+def test_bad_options_name_their_field_before_any_collective(dataset, options, field):
+    import enspipe
+
+    kwargs = {"data": dataset, "batch_size": 10, **options}
+    with pytest.raises(enspipe.ConfigError) as e:
+        enspipe.SharedStream(kwargs.pop("data"), kwargs.pop("batch_size"), **kwargs)
+    assert e.value.field == field
+
+
+def _raises(image, seed):
+    raise RuntimeError("my augmentation is broken")
+
+
+def _ragged(image, seed):
+    import tensorflow as tf
+
+    side = 30 + tf.cast(tf.random.stateless_uniform([], seed, 0, 8, tf.int32), tf.int32)
+    return tf.image.resize(image, tf.stack([side, side]))
+
+
+def _two(image, seed):
+    return image, image
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_raises, "my augmentation is broken"),
+    (_ragged, "not a fixed one"),
+    (_two, "not one tensor"),
+])
+def test_a_user_preprocess_that_fails_its_probe_is_named(dataset, fn, words):
+    import enspipe
+
+    with pytest.raises(enspipe.ConfigError) as e:
+        enspipe.SharedStream(dataset, 10, preprocess=fn)
+    assert e.value.field == "preprocess"
+    assert fn.__name__ in str(e.value) and words in str(e.value)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scheme, p, shm", [
+    ("all_shared", None, False),   # the MPI path's receive ring: held slots are pinned
+    ("all_shared", None, True),    # node-shared slots: copied out
+    pytest.param("baseline", None, True, marks=pytest.mark.slow),
+    pytest.param("single_broadcast", 1, False, marks=pytest.mark.slow),
+])
+def test_kept_batches_never_change(dataset, tmp_path, scheme, p, shm):
+    """Every batch is kept for 3 epochs' worth of steps, far past twice any ring's depth (queue 2:
+    a ring of 2 + 1 + unit slots), and still equals its checksum taken when it came."""
+    r, res = members("keep", 2, tmp_path, data=dataset, batch_size=10, image_size=32, scheme=scheme,
+                     preprocessors=p, node_shm=shm, queue_depth=2, block_images=1, steps=15)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(res) == 2
+    for m in res:
+        assert all(row["read_only"] for row in m["rows"])
+        assert [row["first"] for row in m["rows"]] == [row["last"] for row in m["rows"]]
+        assert [(e["count"], e["missing"]) for e in m["epochs"]] == [(50, 0)] * 3  # 150 samples: 3 whole epochs
+    if scheme == "all_shared" and not shm:
+        assert res[0]["paths"] == {"0,1": "mpi"}
+        assert res[0]["ring_replaced"] > 0  # the pin did the work: slots were left to their holders
+    if scheme != "baseline":
+        assert [x["first"] for x in res[0]["rows"]] == [x["first"] for x in res[1]["rows"]]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scheme, p", [
+    ("all_shared", None),
+    pytest.param("baseline", None, marks=pytest.mark.slow),
+    pytest.param("single_broadcast", 1, marks=pytest.mark.slow),
+    pytest.param("multi_broadcast", 2, marks=pytest.mark.slow),
+    pytest.param("hierarchical", None, marks=pytest.mark.slow),
+])
+def test_the_library_delivers_the_batches_enspipe_run_does(dataset, tmp_path, scheme, p):
+    steps = 8
+    r, res = members("checksums", 3, tmp_path, data=dataset, batch_size=12, image_size=32, scheme=scheme,
+                     preprocessors=p, steps=steps)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "cell"
+    run = enspipe("run", "--data", dataset, "--out", out, "--scheme", scheme, "--batch-size", 12, "--image-size", 32,
+                  "--warmup", 0, "--steps", steps, "--batch-checksums", "--consumer", "peak", "--cpu-monitor", "none",
+                  *(["--preprocessors", p] if p else []), n=3)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rank in range(3):
+        assert [x["first"] for x in res[rank]["rows"]] == step_values(out, rank, "batch_checksum")[:steps]
+
+
+@pytest.mark.mpi
+def test_a_user_preprocess_goes_on_the_wire_as_it_returns(dataset, tmp_path):
+    r, res = members("keep", 2, tmp_path, data=dataset, batch_size=10, preprocess="gray40", steps=5)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert res[0]["spec"] == [[40, 40, 1], "uint8"]
+    assert {(tuple(x["shape"]), x["dtype"]) for m in res for x in m["rows"]} == {((10, 40, 40, 1), "uint8")}
+    assert [x["first"] for x in res[0]["rows"]] == [x["first"] for x in res[1]["rows"]]
+
+
+@pytest.mark.mpi
+def test_an_exception_inside_the_stream_aborts_the_job_fast_naming_it(dataset, tmp_path):
+    t = time.monotonic()
+    r, _ = members("raise", 2, tmp_path, timeout=120, data=dataset, batch_size=10, image_size=32)
+    assert r.returncode != 0
+    assert time.monotonic() - t < 90
+    assert "a bug in the member's training step" in r.stderr and "aborting the job" in r.stderr
+
+
+@pytest.mark.mpi
+def test_the_example_trains_three_models_each_sample_once_per_epoch(tmp_path):
+    """examples/train_ensemble.py: three Keras models, model.fit with validation, checkpoints and
+    early stopping; member 1 stops after 1 epoch and serves the others until they are done."""
+    from enspipe.data.synthetic import make_dataset
+
+    make_dataset(str(tmp_path / "train"), 96, seed=3, num_classes=10, images_per_shard=40)
+    make_dataset(str(tmp_path / "val"), 24, seed=4, num_classes=10, images_per_shard=40)
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, os.path.join(ROOT, "examples", "train_ensemble.py"),
+                        "--data", tmp_path / "train", "--validation-data", tmp_path / "val", "--out", tmp_path / "runs",
+                        "--epochs", "3,1,2", "--image-size", "32"], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = [json.loads((tmp_path / "runs" / f"member{k}" / "result.json").read_text()) for k in range(3)]
+    assert [x["model"] for x in results] == ["small_cnn", "wide_cnn", "mlp"]
+    assert [x["epochs_trained"] for x in results] == [3, 1, 2]
+    for x in results:
+        trained = x["epochs_trained"]
+        assert [(e["epoch"], e["count"], e["missing"]) for e in x["stream_epochs"]][:trained] == \
+            [(e, 96, 0) for e in range(trained)]
+        assert len({e["digest"] for e in x["stream_epochs"]}) == 1  # the same samples every epoch
+        assert all(np.isfinite(x["history"]["val_loss"]))
+        assert len(os.listdir(tmp_path / "runs" / f"member{x['member']}")) == trained + 1  # checkpoints + result
