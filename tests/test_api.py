@@ -166,3 +166,19 @@ def test_the_example_trains_three_models_each_sample_once_per_epoch(tmp_path):
         assert len({e["digest"] for e in x["stream_epochs"]}) == 1  # the same samples every epoch
         assert all(np.isfinite(x["history"]["val_loss"]))
         assert len(os.listdir(tmp_path / "runs" / f"member{x['member']}")) == trained + 1  # checkpoints + result
+
+
+@pytest.mark.mpi
+def test_the_numpy_example_trains_without_keras(tmp_path):
+    from enspipe.data.synthetic import make_dataset
+
+    make_dataset(str(tmp_path / "train"), 96, seed=3, num_classes=10, images_per_shard=40)
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, os.path.join(ROOT, "examples", "numpy_softmax.py"),
+                        "--data", tmp_path / "train", "--epochs", "3", "--batch-size", "16"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for m in range(2):
+        losses = [float(line.rsplit(" ", 1)[1]) for line in r.stdout.splitlines()
+                  if line.startswith(f"member {m}: epoch")]
+        assert len(losses) == 3 and losses[-1] < losses[0]
+        assert f"member {m}: 3 epochs, each of the 96 samples exactly once" in r.stdout
