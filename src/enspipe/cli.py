@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from enspipe.plan.config import POWER_OPTIONS, RunConfig, add_options, counts, from_options, positive_int
+from enspipe.plan.config import POWER_OPTIONS, RunConfig, add_options, counts, from_options, network_name, positive_int
 from enspipe.plan.errors import ConfigError
 
 Fail = Callable[[str], None]  # the parser's error(): prints the message and exits 2
@@ -141,9 +141,8 @@ def _run(a: argparse.Namespace, fail: Fail) -> int:
 
 # -- calibrate-rc, idle-power: measurements the workflow makes once ---------------------------------
 def _calibrate_rc_args(p: argparse.ArgumentParser) -> None:
-    from enspipe.models.networks import NETWORKS
-
-    p.add_argument("--network", required=True, choices=list(NETWORKS))
+    p.add_argument("--network", required=True, type=network_name,
+                   help="a registered network, or your factory as package.module:function")
     p.add_argument("--batch-size", type=positive_int, default=None, help="default: the network's")
     p.add_argument("--image-size", type=positive_int, default=224)
     p.add_argument("--steps", type=positive_int, default=50)
@@ -156,10 +155,10 @@ def _calibrate_rc(a: argparse.Namespace, fail: Fail) -> int:
     if a.steps < 1 or a.batch_size == 0 or not 32 <= a.image_size <= 1024:
         fail("--steps, --batch-size and --image-size: need steps >= 1, a batch >= 1, 32 <= size <= 1024")
     from enspipe.common.atomic import write_json_atomic
-    from enspipe.models.networks import NETWORKS
+    from enspipe.models.networks import network_spec
     from enspipe.run.calibration import measure_accelerator_rate
 
-    r = measure_accelerator_rate(a.network, a.batch_size or NETWORKS[a.network].batch_size, a.image_size,
+    r = measure_accelerator_rate(a.network, a.batch_size or network_spec(a.network).batch_size, a.image_size,
                                  a.steps, a.warmup, max(2, a.num_classes))
     write_json_atomic(a.out, r)
     _say(f"rc = {r['rc']:.1f} images/s for {a.network} on {r['device']} -> {a.out}")
@@ -199,14 +198,13 @@ def _calibrate_comm(a: argparse.Namespace, fail: Fail) -> int:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from enspipe.models.networks import NETWORKS
     from enspipe.plan.config import WIRE_DTYPES, numbers
 
     p.add_argument("--n", type=positive_int, default=None, help="ensemble members (required unless --config)")
     p.add_argument("--config", default=None,
                    help="predict every peak cell of this config's grid from its model section instead "
                         "(e.g. config/paper.yaml: the paper's Fig. 10, and the n at which each pipeline falls below rc)")
-    p.add_argument("--network", choices=list(NETWORKS), default=None,
+    p.add_argument("--network", type=network_name, default=None,
                    help="read its rp (and rc) from --rates; its batch size is the default")
     p.add_argument("--rates", default=None, help="the calibration's rates.json (rp per core count, rc)")
     p.add_argument("--rp", default=None, metavar="CORES:RATE[,...]",
@@ -363,9 +361,8 @@ def _with_profiles(spec: dict, spec_path: str) -> dict:
 
 # -- profile: a network's measured training rates on 1, 2, ... accelerators -------------------------
 def _profile_args(p: argparse.ArgumentParser) -> None:
-    from enspipe.models.networks import NETWORKS
-
-    p.add_argument("--network", required=True, choices=list(NETWORKS), help="the network to profile")
+    p.add_argument("--network", required=True, type=network_name,
+                   help="the network to profile: a registered one, or your factory as package.module:function")
     p.add_argument("--data", required=True, help="a dataset (enspipe make-dataset) to train on")
     p.add_argument("--cache", default="results/profiles", help="where profiles are kept, one per network, image "
                    "size, batch and machine")

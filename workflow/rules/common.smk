@@ -1,5 +1,6 @@
 """Configuration check and every helper of the workflow (the rules stay declarative)."""
 import os
+import re
 import shlex
 import sys
 
@@ -17,7 +18,7 @@ min_version("9.0")
 
 # Rules run enspipe from this checkout's src/, in the active environment or in
 # workflow/envs/enspipe.yaml (--use-conda).
-ENSPIPE = f"env PYTHONPATH={shlex.quote(SRC)} python -m enspipe"
+ENSPIPE = f"env PYTHONPATH={shlex.quote(SRC)}${{PYTHONPATH:+:$PYTHONPATH}} python -m enspipe"  # a user's models too
 ENV = "../envs/enspipe.yaml"
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -74,7 +75,7 @@ HET_VALIDATION = "results/heterogeneous/validation" if HET and HET.get("validati
 
 
 wildcard_constraints:
-    network="|".join(config["networks"]),
+    network="|".join(map(re.escape, config["networks"])),
     scheme="|".join([*SCHEME_KINDS, AUTO]),
     n=r"[1-9][0-9]*",
     p=r"[1-9][0-9]*",

@@ -5,22 +5,76 @@ Keras), so options can be checked before any heavy work; ``build`` imports the K
 """
 from __future__ import annotations
 
+import importlib
+import re
 from dataclasses import dataclass
+from typing import Callable
+
+USER_NETWORK = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function
+USER_DEFAULTS = {"batch_size": 32, "preprocessing": "inception"}  # the TF-Slim trainer's default batch
+
+
+class NetworkError(ValueError):
+    """A network name that is neither registered nor an importable factory; ``fix`` says what to do."""
+
+    def __init__(self, problem: str, fix: str):
+        self.problem, self.fix = problem, fix
+        super().__init__(f"{problem}; {fix}")
 
 
 @dataclass(frozen=True)
 class NetworkSpec:
-    """A network: its paper batch size and its preprocessing (Slim's factory mapping)."""
+    """A network: its batch size (the paper's) and its preprocessing (Slim's factory mapping);
+    ``factory`` is a user's ``fn(num_classes, image_size, seed) -> keras.Model`` (else the
+    registered architecture ``enspipe.models.architectures.<name>`` is built)."""
 
     name: str
     batch_size: int
     preprocessing: str
+    factory: Callable | None = None
 
     def build(self, num_classes: int, image_size: int = 224, seed: int = 0):
-        """The Keras model (``enspipe.models.architectures.<name>``)."""
-        from enspipe.models import architectures
+        """The Keras model."""
+        if self.factory is None:
+            from enspipe.models import architectures
 
-        return getattr(architectures, self.name)(num_classes, image_size, seed)
+            return getattr(architectures, self.name)(num_classes, image_size, seed)
+        import keras
+
+        try:
+            model = self.factory(num_classes=num_classes, image_size=image_size, seed=seed)
+        except Exception as e:  # noqa: BLE001 - the user's code, named
+            raise NetworkError(f"network {self.name} raised {type(e).__name__}: {e}",
+                               "fix the factory: it is called as fn(num_classes=, image_size=, seed=)") from e
+        if not isinstance(model, keras.Model):
+            raise NetworkError(f"network {self.name} returned {type(model).__name__}, not a keras.Model",
+                               "return the model the member trains")
+        return model
+
+
+def network_spec(name: str) -> NetworkSpec:
+    """The registered network ``name``, or a user's ``package.module:function`` factory, imported
+    now (it may set ``batch_size`` and ``preprocessing`` attributes; else 32 and inception). Raises
+    :class:`NetworkError` naming what is wrong."""
+    if name in NETWORKS:
+        return NETWORKS[name]
+    if not isinstance(name, str) or not USER_NETWORK.match(name):
+        raise NetworkError(f"unknown network {name!r}", f"choose one of {', '.join(NETWORKS)}, or name your own "
+                           "factory as package.module:function")
+    module, function = name.split(":")
+    try:
+        fn = getattr(importlib.import_module(module), function)
+    except ImportError as e:
+        raise NetworkError(f"network {name}: cannot import {module} ({e})", "put its folder on PYTHONPATH, or "
+                           "install it") from None
+    except AttributeError:
+        raise NetworkError(f"network {name}: {module} has no {function}", "name a function the module "
+                           "defines") from None
+    if not callable(fn):
+        raise NetworkError(f"network {name}: {function} is a {type(fn).__name__}, not a function",
+                           "name a function fn(num_classes, image_size, seed) -> keras.Model")
+    attrs = {k: getattr(fn, k, v) for k, v in USER_DEFAULTS.items()}
+    return NetworkSpec(name, int(attrs["batch_size"]), str(attrs["preprocessing"]), fn)
 
 
 # Preprocessing per network follows Slim's preprocessing_factory (inception_v1 -> inception, vgg_a ->

@@ -73,10 +73,24 @@ def option(default, help: str, *, parse=None, choices=None, flag: str | None = N
     return field(default=default, metadata={"option": meta})
 
 
-def _networks() -> tuple[str, ...]:
-    from enspipe.models.networks import NETWORKS
+def _network_problem(name: str) -> tuple[str, str] | None:
+    """Why ``name`` is neither a registered network nor an importable ``package.module:function``
+    factory (``(problem, fix)``), or None."""
+    from enspipe.models.networks import NetworkError, network_spec
 
-    return tuple(NETWORKS)
+    try:
+        network_spec(name)
+    except NetworkError as e:
+        return e.problem, e.fix
+    return None
+
+
+def network_name(s: str) -> str:
+    """An argparse type: a registered network or an importable factory (exit 2 naming why not)."""
+    problem = _network_problem(s)
+    if problem:
+        raise argparse.ArgumentTypeError("; ".join(problem))
+    return s
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,9 @@ class RunConfig:
     data: str = option(None, "a dataset directory: TF-Slim ImageNet TFRecord shards (with or without the "
                        "manifest.json that `enspipe make-dataset` writes) or JPEG folders, one per class")
     out: str = option(None, "output directory for the event logs; summary.json appears there last and atomically")
-    network: str = option("alexnet_v2", "the network each member trains", choices=_networks)
+    network: str = option("alexnet_v2", "the network each member trains: a registered one (alexnet_v2, "
+                          "inception_v1, vgg_a, resnet_50, mobilenet_v2, tiny) or your factory as "
+                          "package.module:function, fn(num_classes, image_size, seed) -> keras.Model")
     consumer: str = option("peak", "train: real SGD steps; emulated: an accelerator stand-in that waits "
                            "batch/--rate seconds without using CPU; peak: dequeue as fast as possible",
                            choices=CONSUMERS)
@@ -219,6 +235,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         _require(bool(self.data), "data", "no dataset given", "pass --data DIR (see `enspipe make-dataset`)")
         _require(bool(self.out), "out", "no output directory given", "pass --out DIR")
+        problem = _network_problem(self.network)
+        _require(problem is None, "network", *(problem or ("", "")))
         for name in ("rate", "sample_interval", "idle_watts", "watts_per_core", "peer_timeout"):
             value = getattr(self, name)
             _require(value is None or math.isfinite(value), name, f"must be a finite number, got {value}",
@@ -277,9 +295,9 @@ class RunConfig:
         if self.member_networks is not None:
             _require(self.consumer == "train", "member_networks", f"sets the networks members train; the consumer "
                      f"is {self.consumer}", "pass --consumer train, or leave --member-networks out")
-            unknown = [x for x in self.member_networks if x not in _networks()]
-            _require(not unknown, "member_networks", f"unknown network(s) {unknown}",
-                     f"choose from {', '.join(_networks())}")
+            for x in self.member_networks:
+                problem = _network_problem(x)
+                _require(problem is None, "member_networks", *(problem or ("", "")))
         if self.member_batch_multipliers is not None:
             _require(self.consumer == "train", "member_batch_multipliers", f"sets how many batches a trained member's "
                      f"update spans; the consumer is {self.consumer}", "pass --consumer train, or leave it out")
@@ -389,9 +407,9 @@ class RunConfig:
 
     @property
     def global_batch(self) -> int:
-        from enspipe.models.networks import NETWORKS
+        from enspipe.models.networks import network_spec
 
-        return self.batch_size if self.batch_size is not None else NETWORKS[self.network].batch_size
+        return self.batch_size if self.batch_size is not None else network_spec(self.network).batch_size
 
     def stream(self):
         """The stream/scheme part of this cell's options, as the library takes them."""

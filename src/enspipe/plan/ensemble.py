@@ -28,7 +28,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from enspipe.models.networks import NETWORKS
+from enspipe.models.networks import NetworkError, network_spec
 from enspipe.plan.config import plain_name
 from enspipe.plan.errors import require
 from enspipe.plan.fleet import (Member, Profile, assign_accelerators, create_flotilla, efficiency_per_doubling,
@@ -89,8 +89,14 @@ class Ensemble:
             require(isinstance(m.epochs, int) and m.epochs >= 1, "members",
                     f"{m.name}: epochs must be a whole number >= 1, got {m.epochs!r}",
                     "bound its training: the epochs it takes to converge (with patience: at most)")
-            require(m.network is None or m.network in NETWORKS, "members", f"{m.name}: unknown network "
-                    f"{m.network!r}", f"choose one of {', '.join(NETWORKS)}")
+            problem = None
+            if m.network is not None:
+                try:
+                    network_spec(m.network)
+                except NetworkError as e:
+                    problem = e
+            require(problem is None, "members", f"{m.name}: {problem and problem.problem}",
+                    str(problem and problem.fix))
             require(isinstance(m.lr, (int, float)) and math.isfinite(m.lr) and m.lr > 0, "members",
                     f"{m.name}: lr must be a finite number > 0, got {m.lr!r}", "e.g. lr: 0.01")
             require(isinstance(m.patience, int) and m.patience >= 0, "members",

@@ -67,7 +67,7 @@ class PlanRequest:
 
     @classmethod
     def from_args(cls, a) -> "PlanRequest":
-        from enspipe.models.networks import NETWORKS
+        from enspipe.models.networks import network_spec
         from enspipe.plan.schemes import SCHEME_KINDS
 
         require(a.n is not None and a.n >= 1, "n", f"must be >= 1, got {a.n}",
@@ -96,7 +96,7 @@ class PlanRequest:
             comm = CommCosts()
         sources["comm"] = comm.source
         require(a.batch_size is not None or a.network, "batch_size", "no batch size", "pass --batch-size or --network")
-        batch = a.batch_size if a.batch_size is not None else NETWORKS[a.network].batch_size
+        batch = a.batch_size if a.batch_size is not None else network_spec(a.network).batch_size
         require(batch >= 1, "batch_size", f"must be >= 1, got {batch}", "pass a positive batch")
         require(32 <= a.image_size <= 1024, "image_size", f"must be in [32, 1024], got {a.image_size}", "e.g. 224")
         schemes = tuple(s.strip() for s in a.schemes.split(",")) if a.schemes else None

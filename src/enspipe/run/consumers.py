@@ -79,10 +79,10 @@ class TrainConsumer:
         import keras
         import tensorflow as tf
 
-        from enspipe.models.networks import NETWORKS
+        from enspipe.models.networks import network_spec
 
         self.device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
-        self.model = NETWORKS[network].build(num_classes, image_size, seed)
+        self.model = network_spec(network).build(num_classes, image_size, seed)
         self.optimizer = keras.optimizers.SGD(learning_rate=lr)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.num_classes = num_classes

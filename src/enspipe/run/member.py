@@ -283,7 +283,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     from enspipe.data.ledger import DeliveryCounter, EpochLedger
     from enspipe.data.manifest import DataError
     from enspipe.data.shards import load_manifest, verify_digest
-    from enspipe.models.networks import NETWORKS
+    from enspipe.models.networks import network_spec
     from enspipe.run.consumers import make_consumer
     from enspipe.run.pipeline import quantizer
 
@@ -293,7 +293,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
                 os.remove(os.path.join(cfg.out, old))
     comm.Barrier()
     events = EventLog(cfg.out, rank)
-    preprocessing = NETWORKS[cfg.network].preprocessing
+    preprocessing = network_spec(cfg.network).preprocessing
     manifest = load_manifest(cfg.data)
     problem = verify_digest(manifest)  # the count and the shards were checked before MPI started
     if problem:
