@@ -1,6 +1,7 @@
 """The library: enspipe.SharedStream called from a member's own script under mpiexec."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -144,19 +145,25 @@ def test_an_exception_inside_the_stream_aborts_the_job_fast_naming_it(dataset, t
     assert "a bug in the member's training step" in r.stderr and "aborting the job" in r.stderr
 
 
+def _example(tmp_path, n: int, out: str, *extra) -> list[dict]:
+    r = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, os.path.join(ROOT, "examples", "train_ensemble.py"),
+                        "--data", tmp_path / "train", "--validation-data", tmp_path / "val", "--out", tmp_path / out,
+                        "--epochs", "3,1,2", "--image-size", "32", *extra], capture_output=True, text=True,
+                       timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads((tmp_path / out / f"member{k}" / "result.json").read_text()) for k in range(3)]
+
+
 @pytest.mark.mpi
 def test_the_example_trains_three_models_each_sample_once_per_epoch(tmp_path):
     """examples/train_ensemble.py: three Keras models, model.fit with validation, checkpoints and
-    early stopping; member 1 stops after 1 epoch and serves the others until they are done."""
+    early stopping; member 1 stops after 1 epoch and serves the others until they are done. The
+    same three members in one process (--members-per-rank 3) train to the same losses."""
     from enspipe.data.synthetic import make_dataset
 
     make_dataset(str(tmp_path / "train"), 96, seed=3, num_classes=10, images_per_shard=40)
     make_dataset(str(tmp_path / "val"), 24, seed=4, num_classes=10, images_per_shard=40)
-    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, os.path.join(ROOT, "examples", "train_ensemble.py"),
-                        "--data", tmp_path / "train", "--validation-data", tmp_path / "val", "--out", tmp_path / "runs",
-                        "--epochs", "3,1,2", "--image-size", "32"], capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = [json.loads((tmp_path / "runs" / f"member{k}" / "result.json").read_text()) for k in range(3)]
+    results = _example(tmp_path, 3, "runs")
     assert [x["model"] for x in results] == ["small_cnn", "wide_cnn", "mlp"]
     assert [x["epochs_trained"] for x in results] == [3, 1, 2]
     for x in results:
@@ -166,6 +173,35 @@ def test_the_example_trains_three_models_each_sample_once_per_epoch(tmp_path):
         assert len({e["digest"] for e in x["stream_epochs"]}) == 1  # the same samples every epoch
         assert all(np.isfinite(x["history"]["val_loss"]))
         assert len(os.listdir(tmp_path / "runs" / f"member{x['member']}")) == trained + 1  # checkpoints + result
+    together = _example(tmp_path, 1, "together", "--members-per-rank", "3")
+    for alone, one in zip(results, together):
+        assert one["epochs_trained"] == alone["epochs_trained"]
+        assert one["history"]["val_loss"] == pytest.approx(alone["history"]["val_loss"], rel=1e-3)
+
+
+def test_members_per_rank_is_checked(dataset, tmp_path):
+    import enspipe as lib
+
+    with pytest.raises(lib.ConfigError) as e:
+        lib.SharedStream(dataset, 10, members_per_rank=0)
+    assert e.value.field == "members_per_rank"
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--network", "tiny", "--consumer", "train",
+                "--members-per-rank", 3, "--member-networks", "tiny,tiny")
+    assert r.returncode == 2 and "--member-networks: 2 values for 3 members" in r.stderr
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--members-per-rank", 2, "--data-parallel", 2,
+                "--consumer", "emulated", "--rate", 100)
+    assert r.returncode == 2 and "--members-per-rank" in r.stderr
+
+
+@pytest.mark.mpi
+def test_a_rank_trains_its_members_on_every_batch(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--network", "tiny", "--consumer", "train",
+                "--members-per-rank", 2, "--scheme", "all_shared", "--image-size", 32, "--batch-size", 10,
+                "--warmup", 1, "--steps", 5, "--cpu-monitor", "none", "--lr", "0.01,0.05", n=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["members_per_rank"] == 2 and [x["members"] for x in s["ranks"]] == [[0, 1], [2, 3]]
+    assert all(x["loss_last"] is not None and x["max_rss_bytes"] > 0 for x in s["ranks"])
 
 
 @pytest.mark.mpi
@@ -177,8 +213,7 @@ def test_the_numpy_example_trains_without_keras(tmp_path):
                         "--data", tmp_path / "train", "--epochs", "3", "--batch-size", "16"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    for m in range(2):
-        losses = [float(line.rsplit(" ", 1)[1]) for line in r.stdout.splitlines()
-                  if line.startswith(f"member {m}: epoch")]
-        assert len(losses) == 3 and losses[-1] < losses[0]
+    for m in range(2):  # (mpiexec may join two ranks' lines: search, do not split)
+        losses = [float(x) for x in re.findall(rf"member {m}: epoch \d loss (\d+\.\d{{4}})", r.stdout)]
+        assert len(losses) == 3 and losses[-1] < losses[0], r.stdout
         assert f"member {m}: 3 epochs, each of the 96 samples exactly once" in r.stdout

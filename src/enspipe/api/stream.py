@@ -54,6 +54,9 @@ class SharedStream:
       instead of faulting them in afresh (see :mod:`enspipe.run.memory`); ``"system"`` leaves it;
     * ``threads``: the preprocessing pool's size (default: this member's fair share of its host's
       cores);
+    * ``members_per_rank``: K ensemble members in this process (Crossbow's several models per
+      accelerator), each trained on every batch: the ensemble has ranks x K members, and this
+      rank's are :attr:`local_members`;
     * ``log_dir``: write this member's event log there (off by default).
 
     Construction validates everything and tries a user's preprocessing on the first samples
@@ -66,9 +69,10 @@ class SharedStream:
     """
 
     def __init__(self, data, batch_size: int, *, comm=None, peer_timeout: float = 30.0, malloc: str = "keep",
-                 threads: int | None = None, log_dir: str | None = None, **options):
+                 threads: int | None = None, log_dir: str | None = None, members_per_rank: int = 1, **options):
         self.config = StreamConfig(data=data, batch_size=batch_size, **options)
-        _check_member_options(peer_timeout, malloc, threads)
+        _check_member_options(peer_timeout, malloc, threads, members_per_rank)
+        self.members_per_rank = members_per_rank
         self.manifest, self._preprocessing = self.config.check()  # files and user code: before any collective
         from enspipe.plan.schemes import make_scheme
 
@@ -99,12 +103,18 @@ class SharedStream:
 
     @property
     def member(self) -> int:
-        """This member's index (its rank in ``comm``)."""
-        return self._comm.Get_rank()
+        """This member's index: its rank in ``comm`` (with ``members_per_rank`` K, the first of its K)."""
+        return self._comm.Get_rank() * self.members_per_rank
+
+    @property
+    def local_members(self) -> list[int]:
+        """The members this process hosts: ``[member]``, or K of them with ``members_per_rank``."""
+        return list(range(self.member, self.member + self.members_per_rank))
 
     @property
     def members(self) -> int:
-        return self._comm.Get_size()
+        """The ensemble's members: the ranks, times ``members_per_rank``."""
+        return self._comm.Get_size() * self.members_per_rank
 
     @property
     def element_spec(self) -> tuple:
@@ -262,7 +272,7 @@ class SharedStream:
                 self._abort(f"member {self.member}: closing the stream at exit failed: {type(e).__name__}: {e}")
 
 
-def _check_member_options(peer_timeout, malloc, threads) -> None:
+def _check_member_options(peer_timeout, malloc, threads, members_per_rank) -> None:
     from enspipe.plan.errors import require
 
     require(isinstance(peer_timeout, (int, float)) and math.isfinite(peer_timeout) and peer_timeout > 0,
@@ -270,6 +280,8 @@ def _check_member_options(peer_timeout, malloc, threads) -> None:
     require(malloc in ("keep", "system"), "malloc", f"unknown policy {malloc!r}", "choose keep or system")
     require(threads is None or (isinstance(threads, int) and threads >= 1), "threads",
             f"must be a positive integer, got {threads!r}", "pass threads=K, or leave it out")
+    require(isinstance(members_per_rank, int) and members_per_rank >= 1, "members_per_rank",
+            f"must be a positive integer, got {members_per_rank!r}", "pass K >= 1 members per process")
 
 
 def _mpi():

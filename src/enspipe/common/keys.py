@@ -53,6 +53,7 @@ SUMMARY: dict[str, str] = {
     "wire_dtype": "element type on the wire", "transport": "mpi4py or horovod",
     "unit_batches": "consecutive global batches a member reads, preprocesses and exchanges at a time "
                     "(--block-images; null for the tf.data service)",
+    "members_per_rank": "ensemble members each rank hosts, trained on every batch in one process",
     "malloc": "the members' malloc policy in force (--malloc): keep (freed images' pages reused in place), "
               "system, or system with why keep could not be applied",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
@@ -107,6 +108,8 @@ RANK: dict[str, str] = {
     "epochs": "completed epochs: count, digest, missing", "partial_epoch": "the unfinished epoch's count",
     "skipped": "keys skipped", "skipped_by_epoch": "those keys by epoch",
     "short_epochs": "epochs short of the manifest, with the keys they lack",
+    "members": "the ensemble members this rank hosts (several with --members-per-rank)",
+    "max_rss_bytes": "its process's peak resident memory (bytes) when it reported",
     "loss_first": "first loss (train)", "loss_last": "last loss (train)", "device": "the consumer's device",
     "measured_window": "this member's window, Unix s", "started": "when its warm-up started",
     "warmup_steps": "warm-up steps actually run", "discarded_batches": "batches made beyond the window",

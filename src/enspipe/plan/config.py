@@ -180,6 +180,10 @@ class RunConfig:
         (1,), "accelerators (ranks) per member, G for every member or G1,G2,... one per member: a member is "
         "consecutive ranks that split each delivered batch and all-reduce gradients (FLEET's data-parallel "
         "members; train or emulated consumers); the job's ranks are their sum", parse=counts, metavar="G[,G...]")
+    members_per_rank: int = option(
+        1, "ensemble members each rank hosts (Crossbow's several models per accelerator): K models in one process "
+        "trained on every delivered batch, no exchange between them; the ensemble has ranks x K members",
+        parse=positive_int, metavar="K")
     member_rates: tuple[float, ...] | None = option(
         None, "emulated only, a heterogeneous ensemble: each member's one-accelerator rate rc (R1,R2,...) "
         "instead of --rate", parse=numbers, metavar="R[,R...]")
@@ -279,6 +283,17 @@ class RunConfig:
             _require(self.batch_size is None or self.batch_size >= max(self.data_parallel), "data_parallel",
                      f"each of a member's {max(self.data_parallel)} ranks needs at least one image of the batch "
                      f"of {self.batch_size}", "raise --batch-size or lower --data-parallel")
+        _require(self.members_per_rank >= 1, "members_per_rank", f"must be >= 1, got {self.members_per_rank}",
+                 "pass K >= 1 members per rank")
+        if self.members_per_rank > 1:
+            solo = [n for n in ("member_epochs", "checkpoint_dir", "stop_below", "member_patience",
+                                "member_batch_multipliers", "slow_member") if getattr(self, n) is not None]
+            _require(max(self.data_parallel) == 1 and not solo, "members_per_rank", "a rank's members step together "
+                     "on one batch, so they cannot spread over ranks (--data-parallel), train their own epochs or "
+                     f"lag one another{' (' + ', '.join('--' + x.replace('_', '-') for x in solo) + ')' if solo else ''}",
+                     "leave those options out, or run one member per rank")
+            _require(self.scheme not in SCHEME_KINDS or not SCHEME_KINDS[self.scheme].service, "members_per_rank",
+                     "the tf.data service's trainers are processes", "use an enspipe scheme")
         if self.member_rates is not None:
             _require(self.consumer == "emulated", "member_rates", f"sets emulated accelerators' rates; the "
                      f"consumer is {self.consumer}", "pass --consumer emulated, or leave --member-rates out")
@@ -443,8 +458,20 @@ class RunConfig:
         starts = [sum(widths[:m]) for m in range(len(widths))]
         return [range(a, a + w) for a, w in zip(starts, widths)]
 
+    def members(self, n: int) -> int:
+        """The ensemble's members on ``n`` ranks: its data-parallel groups, times ``members_per_rank``."""
+        return len(self.member_ranks(n)) * self.members_per_rank
+
+    def rank_members(self, rank: int) -> list[int]:
+        """The members a rank hosts (several with ``members_per_rank``; a data-parallel member's one)."""
+        first = self.member_of(rank)
+        return list(range(first, first + self.members_per_rank))
+
     def member_of(self, rank: int) -> int:
-        """The ensemble member a rank trains (its data-parallel group of consecutive ranks)."""
+        """The ensemble member a rank trains (its data-parallel group of consecutive ranks); with
+        ``members_per_rank`` K, the first of its K members."""
+        if self.members_per_rank > 1:
+            return rank * self.members_per_rank
         if len(self.data_parallel) == 1:
             return rank // self.data_parallel[0]
         at = 0

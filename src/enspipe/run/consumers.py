@@ -183,6 +183,34 @@ class TrainConsumer:
         return {"loss": loss}
 
 
+class MultiConsumer:
+    """Several members in one process (``--members-per-rank``, Crossbow's several models per
+    accelerator): each delivered batch feeds every member's consumer in turn, with no exchange
+    between them; an emulated accelerator serves them one after another. Its ``loss`` is their
+    mean, ``losses`` each member's."""
+
+    def __init__(self, consumers: list):
+        self.consumers = consumers
+        self.kind, self.emulated = consumers[0].kind, consumers[0].emulated
+        self.device = getattr(consumers[0], "device", None)
+
+    def step(self, images: np.ndarray, labels: np.ndarray) -> dict:
+        outs = [c.step(images, labels) for c in self.consumers]
+        losses = [o["loss"] for o in outs if "loss" in o]
+        return {"loss": float(np.mean(losses)), "losses": losses} if losses else {}
+
+    def trackable(self):
+        return None
+
+
+def make_consumers(cfg, num_classes: int, members: list[int], dequantize=None, group=None, gradient_sum=None):
+    """The consumer of a rank's ``members``: one member's (:func:`make_consumer`), or a
+    :class:`MultiConsumer` of several."""
+    if len(members) == 1:
+        return make_consumer(cfg, num_classes, members[0], dequantize, group, gradient_sum)
+    return MultiConsumer([make_consumer(cfg, num_classes, m, dequantize) for m in members])
+
+
 def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=None, gradient_sum=None):
     """The consumer of ensemble member ``member``; ``group``: its ranks' communicator when it is
     data-parallel (``cfg.data_parallel`` > 1; every rank of a member builds the same model);

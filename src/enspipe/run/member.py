@@ -103,7 +103,7 @@ def _check_members(cfg: RunConfig, n: int) -> None:
     are several ranks each); raises :class:`ConfigError`."""
     from enspipe.data.manifest import read_manifest
 
-    members = len(cfg.member_ranks(n))
+    members = cfg.members(n)
     for name, values in (("member_rates", cfg.member_rates), ("member_epochs", cfg.member_epochs),
                          ("member_networks", cfg.member_networks), ("member_names", cfg.member_names),
                          ("member_patience", cfg.member_patience),
@@ -111,7 +111,7 @@ def _check_members(cfg: RunConfig, n: int) -> None:
         if values is not None and len(values) not in ({1, members} if name in (
                 "member_epochs", "member_patience", "member_batch_multipliers") else {members}):
             raise ConfigError(name, f"{len(values)} values for {members} members",
-                              f"pass one per member ({members}: the ranks over --data-parallel)")
+                              f"pass one per member ({members}: the ranks over --data-parallel, times --members-per-rank)")
     if cfg.member_names is not None:
         bad = [x for x in cfg.member_names if not plain_name(x)]
         if bad or len(set(cfg.member_names)) != len(cfg.member_names):
@@ -284,7 +284,7 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
     from enspipe.data.manifest import DataError
     from enspipe.data.shards import load_manifest, verify_digest
     from enspipe.models.networks import network_spec
-    from enspipe.run.consumers import make_consumer
+    from enspipe.run.consumers import make_consumers
     from enspipe.run.pipeline import quantizer
 
     if rank == 0:  # a rerun must not leave an old summary or an old failure looking like its result
@@ -324,8 +324,8 @@ def _setup(cfg: RunConfig, comm, scheme, progress: dict) -> _Job:
         mine = tuple(cfg.member_ranks(n)[cfg.member_of(rank)])
         gradient_sum = lambda values: transport.allreduce_sum(mine, values)  # noqa: E731
         events.log(keys.EXCHANGE_PATH, group=list(mine), path="horovod", purpose="gradients")
-    consumer = make_consumer(cfg, manifest.num_classes, cfg.member_of(rank), dequantize=dequantize, group=group,
-                             gradient_sum=gradient_sum)
+    consumer = make_consumers(cfg, manifest.num_classes, cfg.rank_members(rank), dequantize=dequantize, group=group,
+                              gradient_sum=gradient_sum)
     epochs = cfg.epochs_for(cfg.member_of(rank))  # --member-epochs: then its accelerators idle
     member = _Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images),
                      DeliveryCounter(manifest.num_images), events, progress,
@@ -455,7 +455,8 @@ def _rank_report(job: _Job, w: _Window, warmup_steps: int, discarded: int) -> di
         "rank": rank, "host": where.host, "role": job.scheme.role(rank), "host_rank": where.host_rank,
         "mpi_node": where.mpi_node, "cores": job.affinity, "sharing_cores": where.sharing_cores,
         "threads": where.threads, "share": list(job.scheme.share(rank, cfg.global_batch)),
-        "member": cfg.member_of(rank), "learning_rate": cfg.lr_for(cfg.member_of(rank)) if cfg.consumer == "train" else None,
+        "member": cfg.member_of(rank), "members": cfg.rank_members(rank),
+        "max_rss_bytes": _max_rss_bytes(), "learning_rate": cfg.lr_for(cfg.member_of(rank)) if cfg.consumer == "train" else None,
         "images": images, "images_preprocessed": w.preprocessed, "seconds": seconds,
         "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
@@ -552,6 +553,7 @@ def _summary(job: _Job, reports: list[dict], nodes: list[dict], window: tuple[fl
         "p": scheme.p, "wire_dtype": cfg.wire_dtype, "transport": job.transport.name,
         "unit_batches": None if scheme.service else job.pipeline.unit,  # batches per read/preprocess/exchange
         "malloc": job.malloc,  # how the members' malloc returned freed images (--malloc)
+        "members_per_rank": cfg.members_per_rank,
         "preprocessing": job.preprocessing, "fast_mode": cfg.fast_mode, "seed": cfg.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
@@ -879,6 +881,13 @@ def _machine(tf) -> dict:
             for d in tf.config.list_physical_devices("GPU")]
     return {"node": platform.node(), "cpu_model": cpu_model(), "cpus": os.cpu_count(),
             "gpus": f"{len(gpus)}x {gpus[0]}" if gpus else None}
+
+
+def _max_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _version() -> str:
