@@ -130,7 +130,7 @@ def test_a_shard_that_lost_records_fails_naming_the_first_one(dataset, tmp_path)
 def test_an_epoch_short_of_the_manifest_fails_naming_the_shard():
     """The last line of defence (data that vanished without a read error): a completed epoch that
     lacks samples no member skipped fails the cell, naming the shards they came from."""
-    from enspipe.run.member import _short_epochs
+    from enspipe.run.summary import short_epochs as _short_epochs
 
     lacking = [f"b.tfrecord:{i}" for i in range(5, 20)]
     reports = [{"rank": 0, "epochs": [{"epoch": 0, "count": 35}], "short_epochs": {0: lacking},

@@ -97,7 +97,7 @@ def test_calibrate_rc_measures_real_training_steps(tmp_path):
 
 
 def _looks(*spec):
-    from enspipe.run.member import _Look
+    from enspipe.run.steps import Look as _Look
 
     return [_Look(starved=s == "w", saturated=s == "F", held=h) for s, h in spec]
 
@@ -106,7 +106,7 @@ def test_a_start_up_wait_is_not_a_steady_state():
     """The window opens when the queues stop filling: a consumer that waited only at start-up,
     while its queues fill towards full, is not steady (the case that counted 80 preprocessed images
     against 48 delivered in a 6-step window); full queues, or queues that no longer grow, are."""
-    from enspipe.run.member import _steady
+    from enspipe.run.window import is_steady as _steady
 
     assert not _steady(_looks(("w", 0), ("-", 7)))                       # too few steps to judge
     assert not _steady(_looks(("w", 0), ("-", 7), ("-", 9), ("-", 11)))  # filling after a start-up wait

@@ -52,15 +52,24 @@ class NetworkSpec:
         return model
 
 
+def name_problem(name) -> NetworkError | None:
+    """Why ``name`` can name no network (neither registered nor ``package.module:function``), or
+    None; nothing is imported."""
+    if name in NETWORKS or (isinstance(name, str) and USER_NETWORK.match(name)):
+        return None
+    return NetworkError(f"unknown network {name!r}", f"choose one of {', '.join(NETWORKS)}, or name your own "
+                        "factory as package.module:function")
+
+
 def network_spec(name: str) -> NetworkSpec:
     """The registered network ``name``, or a user's ``package.module:function`` factory, imported
     now (it may set ``batch_size`` and ``preprocessing`` attributes; else 32 and inception). Raises
     :class:`NetworkError` naming what is wrong."""
     if name in NETWORKS:
         return NETWORKS[name]
-    if not isinstance(name, str) or not USER_NETWORK.match(name):
-        raise NetworkError(f"unknown network {name!r}", f"choose one of {', '.join(NETWORKS)}, or name your own "
-                           "factory as package.module:function")
+    problem = name_problem(name)
+    if problem:
+        raise problem
     module, function = name.split(":")
     try:
         fn = getattr(importlib.import_module(module), function)

@@ -237,30 +237,50 @@ class RunConfig:
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        """Every value on its own and against the others (no file or machine is looked at: that is :meth:`check`), by concern."""
         _require(bool(self.data), "data", "no dataset given", "pass --data DIR (see `enspipe make-dataset`)")
         _require(bool(self.out), "out", "no output directory given", "pass --out DIR")
-        problem = _network_problem(self.network)
-        _require(problem is None, "network", *(problem or ("", "")))
-        for name in ("rate", "sample_interval", "idle_watts", "watts_per_core", "peer_timeout"):
-            value = getattr(self, name)
-            _require(value is None or math.isfinite(value), name, f"must be a finite number, got {value}",
-                     "pass a finite value")
-        _require(all(math.isfinite(lr) for lr in self.lrs), "lr", f"learning rates must be finite, got {list(self.lrs)}",
-                 "pass e.g. --lr 0.01,0.02")
         for f in option_fields():  # every option with choices: one check, one message
             choices, value = _choices(f), getattr(self, f.name)
             _require(choices is None or value in choices, f.name, f"unknown {f.name.replace('_', ' ')} {value!r}",
                      f"choose one of {', '.join(choices or ())}")
+        for concern in (self._check_stream, self._check_consumer, self._check_measurement,
+                        self._check_power, self._check_service):
+            concern()
+
+    def _check_stream(self) -> None:
+        """What the members read and how they share it."""
         _require(self.batch_size is None or self.batch_size >= 1, "batch_size",
                  f"must be >= 1, got {self.batch_size}", "pass a positive batch size")
-        _require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}", "measure at least one step")
-        _require(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}", "use 0 for no warm-up")
-        _require(self.cores is None or self.cores >= 1, "cores", f"must be >= 1, got {self.cores}",
-                 "pass the number of cores per member, or leave it out for all cores")
         _require(32 <= self.image_size <= 1024, "image_size", f"must be in [32, 1024], got {self.image_size}",
                  "224 is the paper's size; tests may use 32..128")
         _require(self.preprocessors is None or self.preprocessors >= 1, "preprocessors",
                  f"must be >= 1, got {self.preprocessors}", "pass P >= 1")
+        _require(self.shuffle_buffer >= 0, "shuffle_buffer", f"must be >= 0, got {self.shuffle_buffer}",
+                 "use 0 for canonical order")
+        _require(self.block_images >= 1, "block_images", f"must be >= 1, got {self.block_images}",
+                 "pass images, e.g. 32 (1: one batch at a time)")
+        _require(self.queue_depth >= 1, "queue_depth", f"must be >= 1, got {self.queue_depth}",
+                 "use a small positive number of batches, e.g. 4")
+        if self.scheme == AUTO:
+            _require(self.preprocessors is None, "preprocessors", "--scheme auto chooses P itself",
+                     "leave --preprocessors out, or name the scheme")
+        else:
+            # (an auto cell's config after the plan chose its scheme keeps the file it planned with)
+            _require(self.plan_comm is None or self.planned is not None, "plan_comm",
+                     f"is for --scheme auto, not {self.scheme}",
+                     "leave --plan-comm out, or pass --scheme auto")
+
+    def _check_consumer(self) -> None:
+        """What consumes the batches: the accelerators and the members on them."""
+        from enspipe.models.networks import name_problem
+
+        for field_name, names in (("network", [self.network]), ("member_networks", self.member_networks or [])):
+            for x in names:
+                problem = name_problem(x)
+                _require(problem is None, field_name, *((problem.problem, problem.fix) if problem else ("", "")))
+        _require(all(math.isfinite(lr) for lr in self.lrs), "lr", f"learning rates must be finite, got {list(self.lrs)}",
+                 "pass e.g. --lr 0.01,0.02")
         if self.consumer == "emulated" and self.member_rates is None:
             _require(self.rate is not None and self.rate > 0, "rate",
                      "the emulated consumer needs the accelerator rate rc > 0 in images/s",
@@ -299,6 +319,18 @@ class RunConfig:
                      f"consumer is {self.consumer}", "pass --consumer emulated, or leave --member-rates out")
             _require(all(math.isfinite(r) and r > 0 for r in self.member_rates), "member_rates",
                      f"every rate must be finite and > 0, got {list(self.member_rates)}", "pass e.g. 40,120,400")
+        _require(math.isfinite(self.scaling_efficiency) and 0 < self.scaling_efficiency <= 1, "scaling_efficiency",
+                 f"must be in (0, 1], got {self.scaling_efficiency}", "pass e.g. 0.9 (1.0: linear)")
+        if self.slow_member is not None:
+            rank, factor = self.slow_member
+            _require(self.consumer == "emulated", "slow_member", f"slows an emulated accelerator; the consumer is "
+                     f"{self.consumer}", "pass --consumer emulated --rate R, or leave --slow-member out")
+            _require(rank >= 0 and math.isfinite(factor) and factor >= 1, "slow_member",
+                     f"needs RANK >= 0 and FACTOR >= 1, got {rank}:{factor}", "pass e.g. --slow-member 1:3")
+        self._check_member_lives()
+
+    def _check_member_lives(self) -> None:
+        """The members' epochs, networks, updates, early stopping and re-planning."""
         _require(self.member_epochs is None or not self.skip_corrupt, "member_epochs", "an epoch with skipped "
                  "records ends inside a batch", "leave --on-corrupt skip or --member-epochs out")
         _require(self.member_epochs is None or min(self.member_epochs) >= 1, "member_epochs",
@@ -307,12 +339,6 @@ class RunConfig:
         _require(self.member_epochs is not None or not epochs_needed, epochs_needed[0] if epochs_needed else "",
                  "acts at a member's epoch ends, and the members' epochs are not bounded",
                  "pass --member-epochs (the most epochs each member trains in this run)")
-        if self.member_networks is not None:
-            _require(self.consumer == "train", "member_networks", f"sets the networks members train; the consumer "
-                     f"is {self.consumer}", "pass --consumer train, or leave --member-networks out")
-            for x in self.member_networks:
-                problem = _network_problem(x)
-                _require(problem is None, "member_networks", *(problem or ("", "")))
         if self.member_batch_multipliers is not None:
             _require(self.consumer == "train", "member_batch_multipliers", f"sets how many batches a trained member's "
                      f"update spans; the consumer is {self.consumer}", "pass --consumer train, or leave it out")
@@ -327,37 +353,44 @@ class RunConfig:
                  f"must be a finite number >= 0, got {self.min_delta}", "pass e.g. 0.001")
         _require(self.stop_below is None or self.stop_below >= 1, "stop_below", f"must be >= 1 rank, got "
                  f"{self.stop_below}", "pass e.g. 1 (stop when every member is done)")
-        if self.validation_data is not None:
-            from enspipe.data.manifest import check as check_data
+        if self.member_networks is not None:
+            _require(self.consumer == "train", "member_networks", f"sets the networks members train; the consumer "
+                     f"is {self.consumer}", "pass --consumer train, or leave --member-networks out")
 
-            problem = check_data(self.validation_data) if os.path.exists(self.validation_data) else \
-                f"{self.validation_data!r} does not exist"
-            _require(problem is None, "validation_data", str(problem),
-                     "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")
-        if self.checkpoint_dir is not None:
-            problem = unwritable(self.checkpoint_dir)
-            _require(problem is None, "checkpoint_dir", str(problem), "pass a directory you may write")
-        _require(math.isfinite(self.scaling_efficiency) and 0 < self.scaling_efficiency <= 1, "scaling_efficiency",
-                 f"must be in (0, 1], got {self.scaling_efficiency}", "pass e.g. 0.9 (1.0: linear)")
-        if self.slow_member is not None:
-            rank, factor = self.slow_member
-            _require(self.consumer == "emulated", "slow_member", f"slows an emulated accelerator; the consumer is "
-                     f"{self.consumer}", "pass --consumer emulated --rate R, or leave --slow-member out")
-            _require(rank >= 0 and math.isfinite(factor) and factor >= 1, "slow_member",
-                     f"needs RANK >= 0 and FACTOR >= 1, got {rank}:{factor}", "pass e.g. --slow-member 1:3")
-        if self.scheme == AUTO:
-            _require(self.calibration is not None and os.path.isfile(self.calibration), "rate_from",
-                     f"--scheme auto plans from the calibration, and {self.calibration!r} is not a file",
-                     "pass --rate-from results/calibration/rates.json")
-            _require(self.preprocessors is None, "preprocessors", "--scheme auto chooses P itself",
-                     "leave --preprocessors out, or name the scheme")
-            _require(self.plan_comm is None or os.path.isfile(self.plan_comm), "plan_comm",
-                     f"{self.plan_comm!r} is not a file", "write it with enspipe calibrate-comm, or leave it out")
-        else:
-            # (an auto cell's config after the plan chose its scheme keeps the file it planned with)
-            _require(self.plan_comm is None or self.planned is not None, "plan_comm",
-                     f"is for --scheme auto, not {self.scheme}",
-                     "leave --plan-comm out, or pass --scheme auto")
+    def _check_measurement(self) -> None:
+        """The window, the monitors and the heartbeat."""
+        for name in ("rate", "sample_interval", "idle_watts", "watts_per_core", "peer_timeout"):
+            value = getattr(self, name)
+            _require(value is None or math.isfinite(value), name, f"must be a finite number, got {value}",
+                     "pass a finite value")
+        _require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}", "measure at least one step")
+        _require(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}", "use 0 for no warm-up")
+        _require(self.cores is None or self.cores >= 1, "cores", f"must be >= 1, got {self.cores}",
+                 "pass the number of cores per member, or leave it out for all cores")
+        _require(0 < self.sample_interval <= MAX_SAMPLE_INTERVAL, "sample_interval",
+                 f"must be in (0, {MAX_SAMPLE_INTERVAL:g}] seconds, got {self.sample_interval}", "pass seconds, e.g. 0.1")
+        _require(self.peer_timeout >= 2, "peer_timeout", f"must be at least 2 s, got {self.peer_timeout}",
+                 "pass seconds, e.g. 10 (the heartbeat beats twice a second)")
+        _require(self.monitor_interval >= 1, "monitor_interval", f"must be >= 1 s, got {self.monitor_interval}",
+                 "mpstat samples in whole seconds: pass 1 or more")
+
+    def _check_power(self) -> None:
+        """The energy sources."""
+        bad = [p for p in self.power if p not in POWER_SOURCES]
+        _require(bool(self.power) and not bad, "power", f"unknown power source(s) {bad or '(none)'}",
+                 f"pass a comma list of {', '.join(POWER_SOURCES)}")
+        _require("auto" not in self.power or len(self.power) == 1, "power", "auto cannot be combined with other sources",
+                 "pass auto alone, or list the sources")
+        _require("external" not in self.power or self.power_csv is not None, "power_csv",
+                 "the external power source needs the meter's CSV", "pass --power-csv FILE")
+        _require("modelled" not in self.power or self.cpu_monitor != "none", "power",
+                 "the modelled power needs the CPU monitor", "drop --cpu-monitor none")
+        _require(self.idle_watts >= 0 and self.watts_per_core >= 0, "idle_watts",
+                 f"model parameters must be >= 0, got {self.idle_watts}, {self.watts_per_core}",
+                 "pass watts >= 0 for --idle-watts and --watts-per-core")
+
+    def _check_service(self) -> None:
+        """The tf.data service peer's own options."""
         service = self.scheme != AUTO and SCHEME_KINDS[self.scheme].service  # a known scheme: checked above
         for name in SERVICE_OPTIONS:
             _require(service or getattr(self, name) == default(name), name, f"is for --scheme tfdata_service, "
@@ -369,44 +402,44 @@ class RunConfig:
                      "leave --transport out for --scheme tfdata_service")
             _require(not self.skip_corrupt, "on_corrupt", "the tf.data service's workers cannot skip and count "
                      "a corrupt record (its graph runs on the workers)", "leave --on-corrupt out for tfdata_service")
-        _require(self.shuffle_buffer >= 0, "shuffle_buffer", f"must be >= 0, got {self.shuffle_buffer}",
-                 "use 0 for canonical order")
-        _require(self.block_images >= 1, "block_images", f"must be >= 1, got {self.block_images}",
-                 "pass images, e.g. 32 (1: one batch at a time)")
-        _require(self.queue_depth >= 1, "queue_depth", f"must be >= 1, got {self.queue_depth}",
-                 "use a small positive number of batches, e.g. 4")
+
+    def check(self) -> None:
+        """The checks against the files and the machine, one explicit step before MPI starts (:func:`from_options` makes it): the dataset, the output directory, the networks' factories, the calibration and the files options name, Horovod and mpstat where asked for. Raises :class:`ConfigError` naming the option."""
+        problem = _network_problem(self.network)
+        _require(problem is None, "network", *(problem or ("", "")))
+        for x in self.member_networks or ():
+            problem = _network_problem(x)
+            _require(problem is None, "member_networks", *(problem or ("", "")))
+        if self.scheme == AUTO:
+            _require(self.calibration is not None and os.path.isfile(self.calibration), "rate_from",
+                     f"--scheme auto plans from the calibration, and {self.calibration!r} is not a file",
+                     "pass --rate-from results/calibration/rates.json")
+            _require(self.plan_comm is None or os.path.isfile(self.plan_comm), "plan_comm",
+                     f"{self.plan_comm!r} is not a file", "write it with enspipe calibrate-comm, or leave it out")
+        if self.validation_data is not None:
+            from enspipe.data.manifest import check as check_data
+
+            problem = check_data(self.validation_data) if os.path.exists(self.validation_data) else \
+                f"{self.validation_data!r} does not exist"
+            _require(problem is None, "validation_data", str(problem),
+                     "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")
+        if self.checkpoint_dir is not None:
+            problem = unwritable(self.checkpoint_dir)
+            _require(problem is None, "checkpoint_dir", str(problem), "pass a directory you may write")
         if self.transport == "horovod":
             import importlib.util
 
             _require(importlib.util.find_spec("horovod") is not None, "transport", "Horovod is not installed here",
                      "build it with `make horovod` and run from .venv-horovod, or use --transport mpi4py")
-        _require(0 < self.sample_interval <= MAX_SAMPLE_INTERVAL, "sample_interval",
-                 f"must be in (0, {MAX_SAMPLE_INTERVAL:g}] seconds, got {self.sample_interval}", "pass seconds, e.g. 0.1")
-        _require(self.peer_timeout >= 2, "peer_timeout", f"must be at least 2 s, got {self.peer_timeout}",
-                 "pass seconds, e.g. 10 (the heartbeat beats twice a second)")
         if self.cpu_monitor == "mpstat":
             import shutil
 
             _require(shutil.which("mpstat") is not None, "cpu_monitor", "mpstat is not installed",
                      "install sysstat (apt-get install sysstat), or pass --cpu-monitor auto or psutil")
-        _require(self.monitor_interval >= 1, "monitor_interval", f"must be >= 1 s, got {self.monitor_interval}",
-                 "mpstat samples in whole seconds: pass 1 or more")
-        bad = [p for p in self.power if p not in POWER_SOURCES]
-        _require(bool(self.power) and not bad, "power", f"unknown power source(s) {bad or '(none)'}",
-                 f"pass a comma list of {', '.join(POWER_SOURCES)}")
-        _require("auto" not in self.power or len(self.power) == 1, "power", "auto cannot be combined with other sources",
-                 "pass auto alone, or list the sources")
-        _require("external" not in self.power or self.power_csv is not None, "power_csv",
-                 "the external power source needs the meter's CSV", "pass --power-csv FILE")
         _require(self.power_csv is None or os.path.isfile(self.power_csv), "power_csv",
                  f"{self.power_csv!r} is not a file", "start the meter log first and pass its (timestamp, watts) CSV")
-        _require("modelled" not in self.power or self.cpu_monitor != "none", "power",
-                 "the modelled power needs the CPU monitor", "drop --cpu-monitor none")
         _require(self.idle_power is None or os.path.isfile(self.idle_power), "idle_power",
                  f"{self.idle_power!r} is not a file", "write it with `enspipe idle-power --out FILE`")
-        _require(self.idle_watts >= 0 and self.watts_per_core >= 0, "idle_watts",
-                 f"model parameters must be >= 0, got {self.idle_watts}, {self.watts_per_core}",
-                 "pass watts >= 0 for --idle-watts and --watts-per-core")
         _require(os.path.exists(self.data), "data", f"{self.data!r} does not exist",
                  "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")
         from enspipe.data.manifest import check
@@ -415,6 +448,7 @@ class RunConfig:
         _require(problem is None, "data", str(problem), "point --data at a dataset (see `enspipe make-dataset`)")
         problem = unwritable(self.out)
         _require(problem is None, "out", str(problem), "pass a directory you may write, or a new one under it")
+
 
     @property
     def skip_corrupt(self) -> bool:
@@ -584,9 +618,12 @@ def add_options(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = 
 
 
 def from_options(namespace, **overrides) -> RunConfig:
-    """The validated config of a parsed command line (``overrides`` win: e.g. a rate read from a file)."""
+    """The validated and checked config of a parsed command line (``overrides`` win: e.g. a rate read
+    from a file)."""
     values = {f.name: getattr(namespace, f.name) for f in option_fields() if hasattr(namespace, f.name)}
-    return RunConfig(**{**values, **overrides})
+    cfg = RunConfig(**{**values, **overrides})
+    cfg.check()
+    return cfg
 
 
 def parse_run_args(argv: list[str]) -> RunConfig:

@@ -113,8 +113,7 @@ class PlanRequest:
 
     def predictions(self):
         out = plan(self.n, self.batch, self.image_size, self.machine, self.wire_dtype, self.schemes)
-        return [x for x in out if self.ps is None or x.p in self.ps or x.scheme in ("baseline", "all_shared",
-                                                                                   "hierarchical")]
+        return [x for x in out if self.ps is None or x.p in self.ps or not _takes_p(x.scheme)]
 
 
 def run_plan(req: PlanRequest, as_json: bool = False, top: int = 10) -> int:
@@ -133,7 +132,7 @@ def run_plan(req: PlanRequest, as_json: bool = False, top: int = 10) -> int:
           + ("  [collective costs ASSUMED: run enspipe calibrate-comm]" if m.comm.source == "assumed" else ""))
     print(f"{'#':>3}  {'scheme':<24}{'img/s/member':>14}{'CPU ms/img':>12}  {'bound':<14}bottleneck")
     for i, x in enumerate(preds[:top], 1):
-        label = f"{x.scheme} (P={x.p})" if x.scheme in ("single_broadcast", "multi_broadcast") else x.scheme
+        label = f"{x.scheme} (P={x.p})" if _takes_p(x.scheme) else x.scheme
         over = " (oversubscribed)" if x.oversubscribed else ""
         print(f"{i:>3}  {label:<24}{x.images_per_second:>14.1f}{x.cpu_seconds_per_image * 1e3:>12.2f}  "
               f"{x.bound:<14}{x.bottleneck}{over}")
@@ -202,3 +201,10 @@ def choose(calibration: str, network: str, n: int, nodes: int, cores_per_node: i
                             "cpu_seconds_per_image": x.cpu_seconds_per_image} for x in ranked[1:4]],
             "inputs": {"calibration": calibration, "comm": comm.source, "nodes": nodes,
                        "cores_per_node": cores_per_node, "rc": rc, "core_limit": core_limit}}
+
+
+def _takes_p(scheme: str) -> bool:
+    """Whether the scheme registry says ``scheme`` chooses its number of preprocessors P."""
+    from enspipe.plan.schemes import SCHEME_KINDS
+
+    return SCHEME_KINDS[scheme].takes_p

@@ -1,0 +1,29 @@
+"""What a cell measures beside its members: the node's CPU monitor (each host's first rank) and
+Slurm's energy counter for the job step (rank 0)."""
+from __future__ import annotations
+
+from enspipe.plan.config import RunConfig
+
+
+def start_node_monitor(cfg: RunConfig, host: str):
+    from enspipe.measure.cpumon import resolve_source
+    from enspipe.measure.node import NodeMonitor
+
+    return NodeMonitor(cfg.out, host, resolve_source(cfg.cpu_monitor), cfg.power, cfg.monitor_interval)
+
+
+def slurm_counter(cfg: RunConfig):
+    from enspipe.measure.power import PowerUnavailable, SlurmStepCounter
+
+    if cfg.power != ("auto",) and "slurm" not in cfg.power:
+        return None
+    try:
+        return SlurmStepCounter()
+    except (PowerUnavailable, OSError) as e:
+        if "slurm" in cfg.power:
+            raise PowerUnavailable(f"--power slurm: {e}") from None
+        return None
+
+
+def read_slurm(counter) -> float | None:
+    return counter.read()["step"] if counter else None
