@@ -46,6 +46,7 @@ with enspipe.SharedStream(data, batch, **options) as stream:
     replaced = getattr(stream._transport, "ring", None)
     info = {"rows": rows, "epochs": stream.epochs(), "spec": [list(stream.element_spec[0]), str(stream.element_spec[1])],
             "ring_replaced": replaced.replaced if replaced is not None else None,
-            "paths": {",".join(map(str, g)): p for g, p in stream._transport.paths.items()}}
+            "paths": {",".join(map(str, g)): p for g, p in stream._transport.paths.items()},
+            "scheme": stream.scheme.name, "planned": stream.planned}
 with open(os.path.join(out, f"member{stream.member}.json"), "w") as f:
     json.dump(info, f)

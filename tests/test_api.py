@@ -41,6 +41,8 @@ def test_the_public_names_are_documented_and_import_lazily():
     ({"data": "/nonexistent/enspipe-data"}, "data"),
     ({"peer_timeout": 0}, "peer_timeout"),
     ({"threads": 0}, "threads"),
+    ({"scheme": "auto"}, "calibration"),
+    ({"calibration": "rates.json"}, "calibration"),
 ])
 def test_bad_options_name_their_field_before_any_collective(dataset, options, field):
     import enspipe
@@ -217,3 +219,20 @@ def test_the_numpy_example_trains_without_keras(tmp_path):
         losses = [float(x) for x in re.findall(rf"member {m}: epoch \d loss (\d+\.\d{{4}})", r.stdout)]
         assert len(losses) == 3 and losses[-1] < losses[0], r.stdout
         assert f"member {m}: 3 epochs, each of the 96 samples exactly once" in r.stdout
+
+
+@pytest.mark.mpi
+def test_scheme_auto_runs_the_plans_choice(dataset, tmp_path):
+    """As `enspipe run --scheme auto` (tests/test_plan.py): one member preprocesses 400 images/s, the
+    accelerators train 100: the plan shares the preprocessing, and every member runs its choice."""
+    rates = tmp_path / "rates.json"
+    rates.write_text(json.dumps({"machine": {"cpus": os.cpu_count()},
+                                 "networks": {"alexnet_v2": {"rp": {"1": 400.0}, "rp_cpu": {"1": 0.0025},
+                                                             "rc": 100.0, "rc_source": "test"}}}))
+    r, res = members("keep", 3, tmp_path, data=dataset, batch_size=12, image_size=32, scheme="auto",
+                     calibration=str(rates), network="alexnet_v2", accelerator_rate=100.0, steps=5)
+    assert r.returncode == 0, r.stderr[-3000:]
+    planned = res[0]["planned"]
+    assert planned["requested"] == "auto" and planned["scheme"] != "baseline"
+    assert {m["scheme"] for m in res} == {planned["scheme"]} and all(m["planned"] == planned for m in res)
+    assert [x["first"] for x in res[0]["rows"]] == [x["first"] for x in res[2]["rows"]]

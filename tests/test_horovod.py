@@ -92,3 +92,20 @@ def test_data_parallel_gradients_over_horovod_process_sets_train_as_over_mpi4py(
         np.testing.assert_allclose(b, a, rtol=1e-5)
     with open(tmp_path / "horovod" / "events.rank0001.jsonl") as f:  # rank 1 is in the 2-rank member
         assert '"purpose": "gradients"' in f.read()
+
+
+@pytest.mark.parametrize("scheme, p", [("all_shared", None), ("single_broadcast", 1)])
+def test_the_library_on_horovod_delivers_the_batches_mpi4py_does(dataset, tmp_path, scheme, p):
+    from test_api import members
+
+    runs = {}
+    for transport in ("horovod", "mpi4py"):
+        (tmp_path / transport).mkdir()
+        r, res = members("keep", 3, tmp_path / transport, data=dataset, batch_size=8, image_size=32, scheme=scheme,
+                         preprocessors=p, transport=transport, steps=7)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[transport] = res
+    assert set(runs["horovod"][0]["paths"].values()) == {"horovod"}
+    for hv, mp in zip(runs["horovod"], runs["mpi4py"]):
+        assert [x["first"] for x in hv["rows"]] == [x["first"] for x in mp["rows"]]
+        assert [x["first"] for x in hv["rows"]] == [x["last"] for x in hv["rows"]]  # kept batches unchanged

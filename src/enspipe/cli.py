@@ -80,7 +80,10 @@ def _stage(a: argparse.Namespace, fail: Fail) -> int:
 
 
 def _index_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="a folder of TFRecord shards (or JPEG class folders)")
+    p.add_argument("--parse", default=None, metavar="FORMAT", help="the records' format: slim (default: TF-Slim's "
+                   "ImageNet records), tfds (TensorFlow Datasets' image and label) or your function as "
+                   "package.module:function, fn(record_bytes) -> (image_bytes, label); the manifest records it")
 
 
 def _index(a: argparse.Namespace, fail: Fail) -> int:
@@ -90,7 +93,13 @@ def _index(a: argparse.Namespace, fail: Fail) -> int:
     from enspipe.data.manifest import MANIFEST, manifest_dict
     from enspipe.data.shards import scan
 
-    m = _data_step(fail, scan, a.data)
+    from enspipe.data.parse import resolve
+
+    try:
+        resolve(a.parse)
+    except ValueError as e:
+        fail(f"--parse: {e}")
+    m = _data_step(fail, scan, a.data, a.parse)
     write_json_atomic(os.path.join(a.data, MANIFEST), manifest_dict(m))
     _say(f"{m.num_images} images, {m.num_classes} classes, digest {m.digest}")
     return 0

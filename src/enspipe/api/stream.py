@@ -74,10 +74,11 @@ class SharedStream:
         _check_member_options(peer_timeout, malloc, threads, members_per_rank)
         self.members_per_rank = members_per_rank
         self.manifest, self._preprocessing = self.config.check()  # files and user code: before any collective
-        from enspipe.plan.schemes import make_scheme
+        from enspipe.plan.schemes import AUTO, make_scheme
 
         comm = _world() if comm is None else comm
-        make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)  # no collective
+        if self.config.scheme != AUTO:  # no collective: every rank reaches the same verdict
+            make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)
         self._comm, self._closed, self._delivered = comm, False, 0
         self._start(peer_timeout, malloc, threads, log_dir)
         atexit.register(self._at_exit)
@@ -160,26 +161,29 @@ class SharedStream:
         """End this member's use of the stream. Until every member has closed, this member's
         producers keep making its share of the batches for the others (what reaches it is
         discarded); then all stop together. Raises :class:`enspipe.DataError` if an epoch this
-        member completed lacked samples."""
+        member completed lacked samples (unless ``skip_corrupt`` skipped them)."""
         if self._closed:
             return
         self._closed = True
-        from enspipe.exchange.base import allreduce_quietly
+        from enspipe.exchange.base import allreduce_quietly, wait_quietly
 
-        MPI = _mpi()
-        everyone = self._control.Ibarrier()
-        while not everyone.Test():  # serve the others: drain what reaches this member
-            self._discard()
-        self._pipeline.finish(allreduce_quietly(self._control, self._pipeline.freeze(), MPI.MAX))
-        self._pipeline.drain()
-        self._pipeline.close()
+        if self.scheme.steps:  # the others need this member's share of their batches until they are done
+            everyone = self._control.Ibarrier()
+            while not everyone.Test():
+                self._discard()  # what reaches this member
+            self._pipeline.finish(allreduce_quietly(self._control, self._pipeline.freeze(), _mpi().MAX))
+            self._pipeline.drain()
+            self._pipeline.close()
+        else:  # nobody depends on this member's pipeline: stop it now, then wait for the others asleep
+            self._pipeline.close()
+            wait_quietly([self._control.Ibarrier()])
         self._transport.close()
         self._control.Barrier()
         self._heartbeat.stop()
         self._control.Free()
         self._events.close()
         short = [e for e in self.epochs() if e["missing"]]
-        if short:
+        if short and not self.config.skip_corrupt:  # (skipped records are missing by design: epochs() counts them)
             from enspipe.data.manifest import DataError
 
             raise DataError(f"member {self.member}: epochs {[e['epoch'] for e in short]} lacked samples "
@@ -199,7 +203,7 @@ class SharedStream:
     def _start(self, peer_timeout: float, malloc: str, threads: int | None, log_dir: str | None) -> None:
         from enspipe.common.liveness import Heartbeat
         from enspipe.data.ledger import EpochLedger
-        from enspipe.plan.schemes import make_scheme, node_groups
+        from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme, node_groups
         from enspipe.run.memory import set_malloc
         from enspipe.run.pipeline import build_pipeline
         from enspipe.run.placement import place
@@ -207,8 +211,11 @@ class SharedStream:
         MPI, comm, cfg = _mpi(), self._comm, self.config
         self.malloc = set_malloc(malloc)
         where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
-        self.scheme = make_scheme(cfg.scheme, comm.Get_size(), cfg.preprocessors, cfg.batch_size,
-                                  node_groups(comm.allgather(where.mpi_node)))
+        nodes = node_groups(comm.allgather(where.mpi_node))
+        self.planned = _plan(cfg, comm, where, len(nodes)) if cfg.scheme == AUTO else None
+        scheme, p = (self.planned["scheme"], self.planned["p"]) if self.planned else (cfg.scheme, cfg.preprocessors)
+        self.scheme = make_scheme(scheme, comm.Get_size(), p if SCHEME_KINDS[scheme].takes_p else None,
+                                  cfg.batch_size, nodes)
         self.placement = where
         self._control = comm.Dup()  # ending together, apart from the exchange's communicators
         self._heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: self._abort(
@@ -270,6 +277,16 @@ class SharedStream:
                 self.close()
             except Exception as e:  # noqa: BLE001 - at exit: say it, take the job down
                 self._abort(f"member {self.member}: closing the stream at exit failed: {type(e).__name__}: {e}")
+
+
+def _plan(cfg: StreamConfig, comm, where, nodes: int) -> dict:
+    """``scheme="auto"``: the cost model's choice for these members on their placement (collective)."""
+    from enspipe.plan.planner import choose_together
+
+    return choose_together(comm, nodes, where.host_cpus, cfg.calibration, cfg.network, batch=cfg.batch_size,
+                           image_size=cfg.image_size, rc=cfg.accelerator_rate, core_limit=None,
+                           wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm, comm_json=cfg.plan_comm,
+                           block_images=cfg.block_images)
 
 
 def _check_member_options(peer_timeout, malloc, threads, members_per_rank) -> None:

@@ -118,8 +118,9 @@ OUTPUT_RANGE: dict[str, tuple[float, float]] = {
 
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:
-    """Decode a JPEG (Slim's ``image/format`` is JPEG) to uint8 HxWx3."""
-    return tf.io.decode_jpeg(encoded, channels=3)
+    """Decode an image (JPEG, as Slim's ``image/format`` is; PNG, GIF or BMP too) to uint8 HxWx3; a
+    JPEG is decoded exactly as ``tf.io.decode_jpeg`` does."""
+    return tf.io.decode_image(encoded, channels=3, expand_animations=False)
 
 
 def make_preprocess_fn(name: str, size: int, fast_mode: bool = False) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:

@@ -7,9 +7,7 @@ import tensorflow as tf
 
 from enspipe.data.manifest import Manifest
 from enspipe.data.preprocessing import UserPreprocess, decode
-from enspipe.data.shards import read_slices
-
-PROBE_SAMPLES = 2
+from enspipe.data.shards import first_samples
 
 
 class PreprocessError(ValueError):
@@ -18,12 +16,6 @@ class PreprocessError(ValueError):
     def __init__(self, problem: str, fix: str):
         self.problem, self.fix = problem, fix
         super().__init__(f"{problem}; {fix}")
-
-
-def first_samples(m: Manifest, seed: int, k: int = PROBE_SAMPLES) -> list[bytes]:
-    """The encoded images of the dataset's first ``k`` samples in canonical order."""
-    k = max(1, min(k, m.num_images))
-    return list(next(read_slices(m, seed, 0, False, k, 0, k))["encoded"])
 
 
 def probe_preprocess(fn, m: Manifest, seed: int) -> UserPreprocess:

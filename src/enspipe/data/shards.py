@@ -81,8 +81,11 @@ def _shard_key_prefix(path: str) -> str:
     return os.path.basename(path)
 
 
-def scan(root: str) -> Manifest:
-    """Build a manifest by reading the directory (every TFRecord is read once to count and key it)."""
+def scan(root: str, parse=None) -> Manifest:
+    """Build a manifest by reading the directory (every TFRecord is read once to count and key it,
+    its label read with ``parse``: see :mod:`enspipe.data.parse`; the manifest names it)."""
+    from enspipe.data.parse import resolve
+
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a directory; create a dataset with `enspipe make-dataset`")
     files, labels, classes = _jpeg_folders(root)
@@ -92,14 +95,14 @@ def scan(root: str) -> Manifest:
     shards = candidate_shards(root)
     if not shards:
         raise DataError(f"{root}: no TFRecord shards and no JPEG class folders found")
+    parser = resolve(parse)
     total, digest, max_label, counts = 0, digest_of([]), -1, []
     for shard in shards:
         keys, records = [], 0
         try:
             for i, rec in enumerate(tf.data.TFRecordDataset(shard)):
                 keys.append(f"{_shard_key_prefix(shard)}:{i}")
-                ex = tf.io.parse_single_example(rec, SLIM_FEATURES)
-                max_label = max(max_label, int(ex["image/class/label"]))
+                max_label = max(max_label, parser.fn(rec.numpy(), keys[-1].encode())[1])
                 records += 1
         except tf.errors.DataLossError as e:
             raise DataError(f"{shard}: corrupt TFRecord at record {records}: {e.message}") from None
@@ -108,7 +111,8 @@ def scan(root: str) -> Manifest:
         digest = add_digests(digest, digest_of(sample_ids(keys)))
     return Manifest(root, "tfrecord", total, max_label + 1, digest,
                     tuple(os.path.relpath(s, root) for s in shards), counts=tuple(counts),
-                    sizes=tuple(os.path.getsize(s) for s in shards))
+                    sizes=tuple(os.path.getsize(s) for s in shards),
+                    info=None if parser.slim else {"parse": parser.name})
 
 
 def load_manifest(root: str) -> Manifest:
@@ -438,13 +442,19 @@ class IndexedOrder:
 
 
 def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt: bool, batch: int,
-                lo: int, hi: int, options: tf.data.Options | None = None, unit: int = 1):
+                lo: int, hi: int, options: tf.data.Options | None = None, unit: int = 1, parse=None):
     """This member's share ``[lo, hi)`` of every global batch of the stream, read and parsed: an
     iterator of numpy dicts (``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``), one
     per ``unit`` consecutive global batches (their shares one after the other). Only the share's
     records are read where the stream is :func:`indexed`, and only the share's positions are looked
-    at (:class:`IndexedOrder`)."""
+    at (:class:`IndexedOrder`). ``parse``: the records' format (:func:`record_format`)."""
+    from enspipe.data.parse import resolve
+
+    parser = resolve(parse if parse is not None else record_format(m))
     if not indexed(m):
+        if not parser.slim:
+            raise DataError(f"{m.root}: records of format {parser.name} are read by their index: run "
+                            f"`enspipe index --data {m.root} --parse {parser.name}` first")
         ds = slice_of_batch(sample_stream(m, order_seed, shuffle_buffer, skip_corrupt), batch, lo, hi)
         if options is not None:
             ds = ds.with_options(options)
@@ -459,7 +469,7 @@ def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt:
     try:
         for first in itertools.count(0, unit):
             b = order.at(np.concatenate([(first + i) * batch + share for i in range(unit)]))
-            parsed = [parse_slim(reader.read(int(s), int(r)), key) for s, r, key in zip(b.pop("shard"), b.pop("record"),
+            parsed = [parser.fn(reader.read(int(s), int(r)), key) for s, r, key in zip(b.pop("shard"), b.pop("record"),
                                                                                        b["key"])]
             b["encoded"] = np.empty(len(parsed), object)
             b["encoded"][:] = [e for e, _ in parsed]
@@ -468,6 +478,17 @@ def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt:
             yield b
     finally:
         reader.close()
+
+
+def first_samples(m: Manifest, seed: int, k: int = 2) -> list[bytes]:
+    """The encoded images of the dataset's first ``k`` samples in canonical order."""
+    k = max(1, min(k, m.num_images))
+    return list(next(read_slices(m, seed, 0, False, k, 0, k))["encoded"])
+
+
+def record_format(m: Manifest) -> str | None:
+    """The format ``enspipe index --parse`` recorded for the dataset's records (None: Slim's)."""
+    return (m.info or {}).get("parse")
 
 
 def parse_slim(payload: bytes, key: bytes = b"?") -> tuple[bytes, int]:

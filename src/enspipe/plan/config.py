@@ -446,6 +446,11 @@ class RunConfig:
 
         problem = check(self.data)
         _require(problem is None, "data", str(problem), "point --data at a dataset (see `enspipe make-dataset`)")
+        from enspipe.data.parse import format_problem
+        from enspipe.data.shards import load_manifest
+
+        problem = format_problem(load_manifest(self.data))
+        _require(problem is None, "data", str(problem), "fix the parse function, or re-index with `enspipe index --parse`")
         problem = unwritable(self.out)
         _require(problem is None, "out", str(problem), "pass a directory you may write, or a new one under it")
 

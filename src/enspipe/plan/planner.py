@@ -203,6 +203,21 @@ def choose(calibration: str, network: str, n: int, nodes: int, cores_per_node: i
                        "cores_per_node": cores_per_node, "rc": rc, "core_limit": core_limit}}
 
 
+def choose_together(comm, nodes: int, cores_per_node: int, calibration: str, network: str, **inputs) -> dict:
+    """:func:`choose` made once, on ``comm``'s rank 0, and given to every rank (collective): the
+    same plan everywhere. A plan that cannot be made raises :class:`ConfigError` on every rank."""
+    choice = None
+    if comm.Get_rank() == 0:
+        try:
+            choice = choose(calibration, network, comm.Get_size(), nodes, cores_per_node, **inputs)
+        except ConfigError as e:
+            choice = {"error": [e.field, e.problem, e.fix]}
+    choice = comm.bcast(choice, root=0)
+    if "error" in choice:
+        raise ConfigError(*choice["error"])
+    return choice
+
+
 def _takes_p(scheme: str) -> bool:
     """Whether the scheme registry says ``scheme`` chooses its number of preprocessors P."""
     from enspipe.plan.schemes import SCHEME_KINDS

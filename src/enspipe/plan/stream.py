@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from enspipe.plan.errors import ConfigError, require
-from enspipe.plan.schemes import SCHEME_KINDS
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 
 BUILTIN_PREPROCESSING = ("inception", "vgg")  # enspipe.data.preprocessing.PREPROCESSING's names
 TRANSPORTS = ("mpi4py", "horovod")
 WIRE_DTYPES = ("float32", "uint8")
 MALLOC_POLICIES = ("keep", "system")
-LIBRARY_SCHEMES = tuple(k for k, kind in SCHEME_KINDS.items() if not kind.service)
+LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,12 @@ class StreamConfig:
 
     ``preprocess`` is a built-in's name (Slim's ``inception`` or ``vgg`` training preprocessing)
     or a function ``fn(image, seed) -> tensor`` (see :class:`enspipe.data.preprocessing.UserPreprocess`).
+
+    ``scheme="auto"``: the cost model chooses the scheme and P for these members on their
+    placement (``enspipe plan``), from ``calibration`` (the workflow's ``rates.json``: one
+    member's preprocessing rate by cores) for ``network``'s preprocessing, the accelerator's
+    ``accelerator_rate`` in images/s per member (None: as fast as the batches come) and, where
+    given, ``plan_comm`` (``enspipe calibrate-comm``'s collective costs).
     """
 
     data: str
@@ -49,6 +55,10 @@ class StreamConfig:
     fast_mode: bool = False
     skip_corrupt: bool = False
     sample_interval: float = 0.1
+    calibration: str | None = None
+    network: str | None = None
+    accelerator_rate: float | None = None
+    plan_comm: str | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
@@ -72,6 +82,19 @@ class StreamConfig:
         require(isinstance(self.sample_interval, (int, float)) and math.isfinite(self.sample_interval)
                 and self.sample_interval > 0, "sample_interval", f"must be a positive number, got "
                 f"{self.sample_interval!r}", "pass e.g. 0.1")
+        if self.scheme == AUTO:
+            require(self.calibration is not None and self.network is not None, "calibration", "scheme auto plans "
+                    "from a calibration of a network's preprocessing", "pass calibration='rates.json' and "
+                    "network='alexnet_v2' (the network whose preprocessing rate it gives)")
+            require(self.preprocessors is None, "preprocessors", "scheme auto chooses P itself",
+                    "leave preprocessors out, or name the scheme")
+            require(self.accelerator_rate is None or (isinstance(self.accelerator_rate, (int, float)) and
+                    math.isfinite(self.accelerator_rate) and self.accelerator_rate > 0), "accelerator_rate",
+                    f"must be a positive number of images/s, got {self.accelerator_rate!r}",
+                    "pass the rate one member trains at, or leave it out")
+        else:
+            require(self.calibration is None and self.plan_comm is None, "calibration",
+                    f"plans scheme auto; the scheme is {self.scheme}", "leave it out, or pass scheme='auto'")
         if callable(self.preprocess):
             require(self.wire_dtype == "float32", "wire_dtype", "uint8 quantising needs a built-in's output range",
                     "return uint8 from your preprocess function instead, and leave wire_dtype at float32")
@@ -95,6 +118,10 @@ class StreamConfig:
 
         if not os.path.isdir(self.data):
             raise ConfigError("data", f"{self.data}: no such directory", "pass a dataset directory")
+        for name in ("calibration", "plan_comm"):
+            path = getattr(self, name)
+            require(path is None or os.path.isfile(path), name, f"{path!r} is not a file",
+                    "pass the workflow's rates.json (calibration) or enspipe calibrate-comm's comm.json (plan_comm)")
         try:
             manifest = load_manifest(str(self.data))
             problem = verify_digest(manifest)
@@ -102,6 +129,11 @@ class StreamConfig:
             raise ConfigError("data", str(e), "re-create the dataset, or re-index it with `enspipe index`") from None
         if problem:
             raise ConfigError("data", problem, "re-create the dataset, or re-index it with `enspipe index`")
+        from enspipe.data.parse import format_problem
+
+        problem = format_problem(manifest)
+        if problem:
+            raise ConfigError("data", problem, "fix the parse function, or re-index with `enspipe index --parse`")
         if not self.user_preprocess:
             return manifest, self.preprocess
         from enspipe.data.probe import PreprocessError, probe_preprocess

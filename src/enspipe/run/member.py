@@ -130,24 +130,15 @@ def _planned(cfg: RunConfig, comm) -> RunConfig:
 
     from mpi4py import MPI
 
-    from enspipe.plan.planner import choose
+    from enspipe.plan.planner import choose_together
     from enspipe.run.placement import place
 
     where = place(comm, MPI, cfg.cores)
     nodes = len(set(comm.allgather(where.mpi_node)))
-    choice = None
-    if comm.Get_rank() == 0:
-        try:
-            choice = choose(cfg.calibration, cfg.network, comm.Get_size(), nodes, where.host_cpus,
-                            batch=cfg.global_batch, image_size=cfg.image_size,
-                            rc=cfg.rate if cfg.consumer == "emulated" else None, core_limit=cfg.cores,
-                            wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm, comm_json=cfg.plan_comm,
-                            block_images=cfg.block_images)
-        except ConfigError as e:
-            choice = {"error": [e.field, e.problem, e.fix]}
-    choice = comm.bcast(choice, root=0)
-    if "error" in choice:
-        raise ConfigError(*choice["error"])
+    choice = choose_together(comm, nodes, where.host_cpus, cfg.calibration, cfg.network, batch=cfg.global_batch,
+                             image_size=cfg.image_size, rc=cfg.rate if cfg.consumer == "emulated" else None,
+                             core_limit=cfg.cores, wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm,
+                             comm_json=cfg.plan_comm, block_images=cfg.block_images)
     takes_p = SCHEME_KINDS[choice["scheme"]].takes_p
     say(comm.Get_rank(), f"scheme auto: the plan runs {choice['scheme']}" + (f" P={choice['p']}" if takes_p else "")
          + f" (predicted {choice['predicted']['images_per_second']:.0f} images/s per member, "

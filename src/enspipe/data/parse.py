@@ -1,0 +1,103 @@
+"""How a TFRecord's payload becomes ``(encoded image, label)``: Slim's ImageNet records (the
+default), TensorFlow Datasets' image-classification records (``tfds``: features ``image`` and
+``label``), or a user's ``package.module:function`` (or a callable) taking the record's bytes and
+returning ``(image bytes, int label)``. The image may be JPEG, PNG, GIF or BMP.
+
+A dataset of a user's format is indexed once with ``enspipe index --data DIR --parse NAME``, which
+counts its records and labels with the function and records its name in the manifest, so every
+member reads it the same way.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from enspipe.data.manifest import DataError
+
+SLIM = "slim"
+TFDS = "tfds"
+USER_PARSE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class Parser:
+    """A record format: its name (as the manifest records it) and ``fn(payload, key) -> (image, label)``."""
+
+    name: str
+    fn: Callable[[bytes, bytes], tuple[bytes, int]]
+
+    @property
+    def slim(self) -> bool:
+        return self.name == SLIM
+
+
+def _example_features(payload: bytes, key: bytes):
+    import tensorflow as tf
+
+    try:
+        return tf.train.Example.FromString(payload).features.feature
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, whichever implementation
+        raise DataError(f"{key.decode()}: not a tf.train.Example ({e})") from None
+
+
+def _tfds(payload: bytes, key: bytes = b"?") -> tuple[bytes, int]:
+    """A TensorFlow Datasets image-classification record: ``image`` (encoded) and ``label``."""
+    features = _example_features(payload, key)
+    image = features["image"].bytes_list.value if "image" in features else ()
+    label = features["label"].int64_list.value if "label" in features else ()
+    if len(image) != 1 or len(label) != 1:
+        raise DataError(f"{key.decode()}: not a TFDS image-classification record (image: {len(image)} values, "
+                        f"label: {len(label)}); pass your own --parse")
+    return image[0], int(label[0])
+
+
+def _user(fn: Callable, name: str) -> Callable[[bytes, bytes], tuple[bytes, int]]:
+    def parse(payload: bytes, key: bytes = b"?") -> tuple[bytes, int]:
+        try:
+            image, label = fn(payload)
+        except Exception as e:  # noqa: BLE001 - the user's code, named with the record
+            raise DataError(f"{key.decode()}: parse {name} failed: {type(e).__name__}: {e}") from None
+        if not isinstance(image, (bytes, bytearray)):
+            raise DataError(f"{key.decode()}: parse {name} returned {type(image).__name__} for the image, not bytes")
+        return bytes(image), int(label)
+
+    return parse
+
+
+def resolve(spec) -> Parser:
+    """The parser ``spec`` names: None or ``slim``, ``tfds``, ``package.module:function``, or a
+    callable. Raises :class:`ValueError` naming what is wrong."""
+    from enspipe.data.shards import parse_slim
+
+    if spec is None or spec == SLIM:
+        return Parser(SLIM, parse_slim)
+    if spec == TFDS:
+        return Parser(TFDS, _tfds)
+    if callable(spec):
+        name = getattr(spec, "__qualname__", repr(spec))
+        return Parser(name, _user(spec, name))
+    if not isinstance(spec, str) or not USER_PARSE.match(spec):
+        raise ValueError(f"unknown record format {spec!r}: name slim, tfds or your function as package.module:function")
+    module, function = spec.split(":")
+    try:
+        fn = getattr(importlib.import_module(module), function)
+    except ImportError as e:
+        raise ValueError(f"parse {spec}: cannot import {module} ({e}); put its folder on PYTHONPATH") from None
+    except AttributeError:
+        raise ValueError(f"parse {spec}: {module} has no {function}") from None
+    return Parser(spec, _user(fn, spec))
+
+
+def format_problem(m) -> str | None:
+    """Why the dataset's records cannot be read in the format its manifest names (the function
+    cannot be had, or fails on the first record), or None."""
+    from enspipe.data.shards import first_samples, record_format
+
+    try:
+        resolve(record_format(m))
+        first_samples(m, 0)
+    except (ValueError, DataError) as e:
+        return str(e)
+    return None
