@@ -79,7 +79,7 @@ class SharedStream:
         comm = _world() if comm is None else comm
         if self.config.scheme != AUTO:  # no collective: every rank reaches the same verdict
             make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)
-        self._comm, self._closed, self._delivered = comm, False, 0
+        self._comm, self._closed = comm, False
         self._start(peer_timeout, malloc, threads, log_dir)
         atexit.register(self._at_exit)
 
@@ -91,6 +91,7 @@ class SharedStream:
 
     @property
     def num_classes(self) -> int:
+        """Classes of the dataset's labels (``0 .. num_classes - 1``): a classifier's outputs."""
         return self.manifest.num_classes
 
     @property
@@ -170,7 +171,7 @@ class SharedStream:
         if self.scheme.steps:  # the others need this member's share of their batches until they are done
             everyone = self._control.Ibarrier()
             while not everyone.Test():
-                self._discard()  # what reaches this member
+                self._pipeline.discard()  # what reaches this member
             self._pipeline.finish(allreduce_quietly(self._control, self._pipeline.freeze(), _mpi().MAX))
             self._pipeline.drain()
             self._pipeline.close()
@@ -244,7 +245,6 @@ class SharedStream:
         except Stopped:
             raise StreamClosed("the stream is closed") from None
         self._ledger.add(batch.meta[:, 0], batch.meta[:, 1])
-        self._delivered += 1
         images, meta = batch.images, batch.meta
         if keep and batch.volatile:
             out = self._keep.take(len(batch))
@@ -254,15 +254,6 @@ class SharedStream:
         images, meta = images.view(), meta.view()
         images.flags.writeable = meta.flags.writeable = False
         return images, meta
-
-    def _discard(self) -> None:
-        import queue
-
-        try:
-            self._pipeline.queues["compute"].get(timeout=0.05)
-        except queue.Empty:
-            if self._pipeline.failure is not None:
-                self._pipeline.next_batch()  # raises PipelineFailed, naming the stage
 
     def _abort(self, reason: str, tb: str = "") -> None:
         print(f"enspipe: error: {reason}; aborting the job so that no member waits for this one", file=sys.stderr,

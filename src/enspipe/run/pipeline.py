@@ -349,12 +349,18 @@ class Pipeline:
                 last = self._limit is not None and self._done >= self._limit
             if last and self.queues["compute"].empty():
                 return drained
-            try:
-                self.queues["compute"].get(timeout=0.05)
-                drained += 1
-            except queue.Empty:
-                if self.failure is not None:
-                    self._get("compute")  # raises PipelineFailed, naming the stage
+            drained += self.discard()
+
+    def discard(self, timeout: float = 0.05) -> int:
+        """Take the next batch, if one comes within ``timeout`` seconds, and drop it; returns 1 or 0
+        (raises :class:`PipelineFailed` where a stage failed)."""
+        try:
+            self.queues["compute"].get(timeout=timeout)
+            return 1
+        except queue.Empty:
+            if self.failure is not None:
+                self._get("compute")  # raises PipelineFailed, naming the stage
+            return 0
 
     def close(self, timeout: float = 10.0) -> None:
         self.stop.set()
