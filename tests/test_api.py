@@ -85,7 +85,7 @@ def test_a_user_preprocess_that_fails_its_probe_is_named(dataset, fn, words):
 @pytest.mark.mpi
 @pytest.mark.parametrize("scheme, p, shm", [
     ("all_shared", None, False),   # the MPI path's receive ring: held slots are pinned
-    ("all_shared", None, True),    # node-shared slots: copied out
+    pytest.param("all_shared", None, True, marks=pytest.mark.slow),  # node-shared slots: copied out
     pytest.param("baseline", None, True, marks=pytest.mark.slow),
     pytest.param("single_broadcast", 1, False, marks=pytest.mark.slow),
 ])
@@ -147,25 +147,30 @@ def test_an_exception_inside_the_stream_aborts_the_job_fast_naming_it(dataset, t
     assert "a bug in the member's training step" in r.stderr and "aborting the job" in r.stderr
 
 
-def _example(tmp_path, n: int, out: str, *extra) -> list[dict]:
+@pytest.fixture(scope="module")
+def example_data(tmp_path_factory):
+    from enspipe.data.synthetic import make_dataset
+
+    root = tmp_path_factory.mktemp("example")
+    make_dataset(str(root / "train"), 96, seed=3, num_classes=10, images_per_shard=40)
+    make_dataset(str(root / "val"), 24, seed=4, num_classes=10, images_per_shard=40)
+    return root
+
+
+def _example(data, out, n: int, *extra) -> list[dict]:
     r = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, os.path.join(ROOT, "examples", "train_ensemble.py"),
-                        "--data", tmp_path / "train", "--validation-data", tmp_path / "val", "--out", tmp_path / out,
+                        "--data", data / "train", "--validation-data", data / "val", "--out", out,
                         "--epochs", "3,1,2", "--image-size", "32", *extra], capture_output=True, text=True,
                        timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
-    return [json.loads((tmp_path / out / f"member{k}" / "result.json").read_text()) for k in range(3)]
+    return [json.loads((out / f"member{k}" / "result.json").read_text()) for k in range(3)]
 
 
 @pytest.mark.mpi
-def test_the_example_trains_three_models_each_sample_once_per_epoch(tmp_path):
+def test_the_example_trains_three_models_each_sample_once_per_epoch(example_data, tmp_path):
     """examples/train_ensemble.py: three Keras models, model.fit with validation, checkpoints and
-    early stopping; member 1 stops after 1 epoch and serves the others until they are done. The
-    same three members in one process (--members-per-rank 3) train to the same losses."""
-    from enspipe.data.synthetic import make_dataset
-
-    make_dataset(str(tmp_path / "train"), 96, seed=3, num_classes=10, images_per_shard=40)
-    make_dataset(str(tmp_path / "val"), 24, seed=4, num_classes=10, images_per_shard=40)
-    results = _example(tmp_path, 3, "runs")
+    early stopping; member 1 stops after 1 epoch and serves the others until they are done."""
+    results = _example(example_data, tmp_path / "runs", 3)
     assert [x["model"] for x in results] == ["small_cnn", "wide_cnn", "mlp"]
     assert [x["epochs_trained"] for x in results] == [3, 1, 2]
     for x in results:
@@ -175,10 +180,18 @@ def test_the_example_trains_three_models_each_sample_once_per_epoch(tmp_path):
         assert len({e["digest"] for e in x["stream_epochs"]}) == 1  # the same samples every epoch
         assert all(np.isfinite(x["history"]["val_loss"]))
         assert len(os.listdir(tmp_path / "runs" / f"member{x['member']}")) == trained + 1  # checkpoints + result
-    together = _example(tmp_path, 1, "together", "--members-per-rank", "3")
-    for alone, one in zip(results, together):
-        assert one["epochs_trained"] == alone["epochs_trained"]
-        assert one["history"]["val_loss"] == pytest.approx(alone["history"]["val_loss"], rel=1e-3)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_examples_members_train_alike_in_one_process(example_data, tmp_path):
+    """The same three members in one process (--members-per-rank 3) train to the losses they reach
+    in three processes: the same batches, in the same order, each model on every one."""
+    alone = _example(example_data, tmp_path / "three", 3)
+    together = _example(example_data, tmp_path / "one", 1, "--members-per-rank", "3")
+    for a, one in zip(alone, together):
+        assert one["epochs_trained"] == a["epochs_trained"]
+        assert one["history"]["val_loss"] == pytest.approx(a["history"]["val_loss"], rel=1e-3)
 
 
 def test_members_per_rank_is_checked(dataset, tmp_path):
@@ -196,6 +209,7 @@ def test_members_per_rank_is_checked(dataset, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_rank_trains_its_members_on_every_batch(dataset, tmp_path):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--network", "tiny", "--consumer", "train",
                 "--members-per-rank", 2, "--scheme", "all_shared", "--image-size", 32, "--batch-size", 10,
@@ -222,6 +236,7 @@ def test_the_numpy_example_trains_without_keras(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_scheme_auto_runs_the_plans_choice(dataset, tmp_path):
     """As `enspipe run --scheme auto` (tests/test_plan.py): one member preprocesses 400 images/s, the
     accelerators train 100: the plan shares the preprocessing, and every member runs its choice."""

@@ -64,6 +64,7 @@ def foreign(tmp_path, monkeypatch):
     sys.modules.pop("foreignfmt", None)
 
 
+@pytest.mark.mpi
 def test_a_users_format_is_indexed_and_read_exactly_once_per_epoch(foreign, tmp_path):
     r = enspipe("index", "--data", foreign, "--parse", "foreignfmt:parse")
     assert r.returncode == 0, r.stderr
@@ -98,6 +99,8 @@ def test_a_format_that_cannot_be_read_is_named_before_any_member_starts(foreign)
     assert e.value.field == "data" and "parse foreignfmt:broken failed: KeyError" in str(e.value)
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_tensorflow_datasets_records_are_read_as_tfds(tmp_path):
     data = tmp_path / "fake_tfds" / "1.0.0"
     data.mkdir(parents=True)

@@ -108,6 +108,7 @@ def test_a_cell_trains_a_users_network(usernets, dataset, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_bad_users_network_fails_the_cell_naming_it(usernets, dataset, tmp_path):
     r = enspipe("run", "--data", dataset, "--out", tmp_path / "a", "--network", "usernets:gone", n=2)
     assert r.returncode == 2 and "--network" in r.stderr and "usernets has no gone" in r.stderr
@@ -118,6 +119,7 @@ def test_a_bad_users_network_fails_the_cell_naming_it(usernets, dataset, tmp_pat
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_an_ensemble_arm_trains_members_of_a_users_network(usernets, dataset, tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"accelerators": 2, "members": [
