@@ -141,10 +141,13 @@ def test_a_user_preprocess_goes_on_the_wire_as_it_returns(dataset, tmp_path):
 @pytest.mark.mpi
 def test_an_exception_inside_the_stream_aborts_the_job_fast_naming_it(dataset, tmp_path):
     t = time.monotonic()
-    r, _ = members("raise", 2, tmp_path, timeout=120, data=dataset, batch_size=10, image_size=32)
+    r, _ = members("raise", 2, tmp_path, timeout=120, data=dataset, batch_size=10, image_size=32,
+                   log_dir=str(tmp_path / "logs"))
     assert r.returncode != 0
     assert time.monotonic() - t < 90
-    assert "a bug in the member's training step" in r.stderr and "aborting the job" in r.stderr
+    assert "a bug in the member's training step" in r.stderr and "aborting the job" in r.stderr, r.stderr[-2000:]
+    said = [(tmp_path / "logs" / f).read_text() for f in os.listdir(tmp_path / "logs") if f.startswith("error.rank")]
+    assert said and all("ValueError: a bug in the member's training step" in x for x in said)
 
 
 @pytest.fixture(scope="module")

@@ -30,12 +30,17 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
 import sys
+import time
 import traceback
 
 import numpy as np
 
 from enspipe.plan.stream import StreamConfig
+
+
+ABORT_GRACE_S = 2.0  # seconds between saying why a member aborts the job and aborting it
 
 
 class StreamClosed(RuntimeError):
@@ -79,7 +84,7 @@ class SharedStream:
         comm = _world() if comm is None else comm
         if self.config.scheme != AUTO:  # no collective: every rank reaches the same verdict
             make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)
-        self._comm, self._closed = comm, False
+        self._comm, self._closed, self._log_dir = comm, False, log_dir
         self._start(peer_timeout, malloc, threads, log_dir)
         atexit.register(self._at_exit)
 
@@ -256,10 +261,18 @@ class SharedStream:
         return images, meta
 
     def _abort(self, reason: str, tb: str = "") -> None:
-        print(f"enspipe: error: {reason}; aborting the job so that no member waits for this one", file=sys.stderr,
-              flush=True)
-        if tb:
-            print(tb, file=sys.stderr, flush=True)
+        """Say why (on stderr, and in ``log_dir`` when there is one), then end the whole job."""
+        said = f"enspipe: error: {reason}; aborting the job so that no member waits for this one"
+        print(said + ("\n" + tb if tb else ""), file=sys.stderr, flush=True)
+        if self._log_dir is not None:
+            try:
+                with open(os.path.join(self._log_dir, f"error.rank{self._comm.Get_rank():04d}.txt"), "w") as f:
+                    f.write(said + "\n\n" + tb)
+            except OSError:
+                pass
+        # MPI_Abort tears the job down at once: give the launcher time to pass on what was just said
+        # (without it the message was lost behind the job's end under a loaded CI machine)
+        time.sleep(ABORT_GRACE_S)
         self._comm.Abort(1)
 
     def _at_exit(self) -> None:
@@ -307,8 +320,6 @@ def _events(log_dir: str | None, rank: int):
 
     if log_dir is None:
         return NullEvents()
-    import os
-
     os.makedirs(log_dir, exist_ok=True)
     return EventLog(log_dir, rank)
 
