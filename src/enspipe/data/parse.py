@@ -9,16 +9,14 @@ member reads it the same way.
 """
 from __future__ import annotations
 
-import importlib
-import re
 from dataclasses import dataclass
 from typing import Callable
 
+from enspipe.common.plugins import NotLoadable, load_function
 from enspipe.data.manifest import DataError
 
 SLIM = "slim"
 TFDS = "tfds"
-USER_PARSE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True)
@@ -78,16 +76,10 @@ def resolve(spec) -> Parser:
     if callable(spec):
         name = getattr(spec, "__qualname__", repr(spec))
         return Parser(name, _user(spec, name))
-    if not isinstance(spec, str) or not USER_PARSE.match(spec):
-        raise ValueError(f"unknown record format {spec!r}: name slim, tfds or your function as package.module:function")
-    module, function = spec.split(":")
     try:
-        fn = getattr(importlib.import_module(module), function)
-    except ImportError as e:
-        raise ValueError(f"parse {spec}: cannot import {module} ({e}); put its folder on PYTHONPATH") from None
-    except AttributeError:
-        raise ValueError(f"parse {spec}: {module} has no {function}") from None
-    return Parser(spec, _user(fn, spec))
+        return Parser(spec, _user(load_function(spec, "parse"), spec))
+    except NotLoadable as e:
+        raise ValueError(f"{e.problem} (a record format is slim, tfds or your function); {e.fix}") from None
 
 
 def format_problem(m) -> str | None:

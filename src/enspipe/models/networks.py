@@ -5,12 +5,11 @@ Keras), so options can be checked before any heavy work; ``build`` imports the K
 """
 from __future__ import annotations
 
-import importlib
-import re
 from dataclasses import dataclass
 from typing import Callable
 
-USER_NETWORK = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function
+from enspipe.common.plugins import FUNCTION_NAME as USER_NETWORK, NotLoadable, load_function
+
 USER_DEFAULTS = {"batch_size": 32, "preprocessing": "inception"}  # the TF-Slim trainer's default batch
 
 
@@ -70,18 +69,10 @@ def network_spec(name: str) -> NetworkSpec:
     problem = name_problem(name)
     if problem:
         raise problem
-    module, function = name.split(":")
     try:
-        fn = getattr(importlib.import_module(module), function)
-    except ImportError as e:
-        raise NetworkError(f"network {name}: cannot import {module} ({e})", "put its folder on PYTHONPATH, or "
-                           "install it") from None
-    except AttributeError:
-        raise NetworkError(f"network {name}: {module} has no {function}", "name a function the module "
-                           "defines") from None
-    if not callable(fn):
-        raise NetworkError(f"network {name}: {function} is a {type(fn).__name__}, not a function",
-                           "name a function fn(num_classes, image_size, seed) -> keras.Model")
+        fn = load_function(name, "network")
+    except NotLoadable as e:
+        raise NetworkError(e.problem, e.fix) from None
     attrs = {k: getattr(fn, k, v) for k, v in USER_DEFAULTS.items()}
     return NetworkSpec(name, int(attrs["batch_size"]), str(attrs["preprocessing"]), fn)
 
