@@ -215,12 +215,6 @@ class Life:
     epoch_images: int
 
 
-def unit_batches(cfg: RunConfig, scheme) -> int:
-    """Global batches a member's pipeline reads, preprocesses and exchanges at a time (one where
-    corrupt records may be skipped: a slice keeps its own bounds)."""
-    return 1 if cfg.skip_corrupt else scheme.unit_batches(cfg.global_batch, cfg.block_images, cfg.steps)
-
-
 def enspipe_pipeline(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where, events):
     """The transport and the staged pipeline of one of enspipe's schemes."""
     from enspipe.run.pipeline import build_pipeline
