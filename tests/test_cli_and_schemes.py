@@ -1,3 +1,4 @@
+import dataclasses
 import pathlib
 
 import pytest
@@ -57,7 +58,7 @@ def test_missing_dataset_names_the_fix(tmp_path):
 
 def test_config_error_fields():
     with pytest.raises(ConfigError) as e:
-        RunConfig(data=".", out="o", queue_depth=0)
+        RunConfig.of(data=".", out="o", queue_depth=0)
     assert e.value.field == "queue_depth" and "queue-depth" in str(e.value)
 
 
@@ -67,7 +68,7 @@ def test_config_error_fields():
 def test_a_value_outside_an_options_choices_names_it_and_the_choices(name, value):
     """Checked by RunConfig itself (a config built without the parser), from the option's declared choices."""
     with pytest.raises(ConfigError) as e:
-        RunConfig(data=".", out="o", **{name: value})
+        RunConfig.of(data=".", out="o", **{name: value})
     assert e.value.field == name and repr(value) in e.value.problem and "choose one of" in e.value.fix
 
 
@@ -102,7 +103,7 @@ def test_a_unit_holds_block_images_of_the_smallest_share_at_most_eight_batches()
 
 def test_block_images_is_checked():
     with pytest.raises(ConfigError) as e:
-        RunConfig(data=".", out="o", block_images=0)
+        RunConfig.of(data=".", out="o", block_images=0)
     assert e.value.field == "block_images" and "block-images" in str(e.value)
 
 
@@ -198,12 +199,37 @@ def test_run_options_are_declared_once_on_the_run_config(dataset, tmp_path):
     base = ["run", "--data", str(dataset), "--out", str(tmp_path)]
     cfg = config_from_args(build_parser().parse_args(
         base + ["--lr", "0.1,0.2", "--no-node-shm", "--power", "modelled", "--cores", "1", "--skip-corrupt"]))
-    assert (cfg.lrs, cfg.node_shm, cfg.power, cfg.cores, cfg.on_corrupt) == ((0.1, 0.2), False, ("modelled",), 1, "skip")
+    assert (cfg.training.lrs, cfg.stream.node_shm, cfg.energy.power, cfg.measure.cores, cfg.faults.on_corrupt) == \
+        ((0.1, 0.2), False, ("modelled",), 1, "skip")
     defaults = config_from_args(build_parser().parse_args(base))
-    options = [f for f in option_fields() if f.name not in ("data", "out")]
+    flat = defaults.to_dict()
+    options = [f for f in option_fields() if f.name not in ("data", "out", "batch_size")]  # (to_dict resolves it)
     assert len(options) > 25
     for f in options:
-        assert getattr(defaults, f.name) == f.default, f.name
+        want = list(f.default) if isinstance(f.default, tuple) else f.default
+        assert flat[f.name] == want, f.name
+
+
+def test_the_run_config_is_one_small_config_per_concern():
+    """Each option belongs to exactly one concern; RunConfig.of routes flat names to it, replaced()
+    keeps the others, and a concern's own bad value fails when the concern is made."""
+    from enspipe.plan.config import CONCERNS, MeasureOptions, option_fields
+    from enspipe.plan.errors import ConfigError
+
+    names = [f.name for f in option_fields()]
+    assert len(names) == len(set(names))
+    assert all(len(dataclasses.fields(c)) <= 15 for c in CONCERNS.values())
+    cfg = RunConfig.of(data=".", out="o", steps=7, scheme="all_shared", power=("modelled",))
+    assert (cfg.measure.steps, cfg.stream.scheme, cfg.energy.power) == (7, "all_shared", ("modelled",))
+    again = cfg.replaced(scheme="baseline", warmup=3)
+    assert (again.stream.scheme, again.measure.warmup, again.measure.steps, again.energy) == \
+        ("baseline", 3, 7, cfg.energy)
+    with pytest.raises(ConfigError, match="--steps"):
+        MeasureOptions(steps=0)
+    with pytest.raises(ConfigError, match="--power"):  # across concerns: the model needs the monitor
+        RunConfig.of(data=".", out="o", power=("modelled",), cpu_monitor="none")
+    with pytest.raises(TypeError, match="no option 'stepz'"):
+        RunConfig.of(data=".", out="o", stepz=7)
 
 
 def test_every_transport_offers_the_engines_interface():

@@ -190,11 +190,12 @@ def test_the_workflow_rule_lists_every_registered_output_with_its_caption():
         reported.append((path, caption, category))
         return path
 
-    listed = figures.workflow_outputs(report)
+    listed = figures.workflow_outputs(report, "results/figures", "../report")
     assert listed == [f"results/figures/{s}.{e}" for s, o in figures.OUTPUTS.items() for e in o.formats]
     assert {p.rsplit(".", 1)[1] for p, _, _ in reported} == set(figures.REPORTED)
     assert {p.rsplit("/", 1)[1].rsplit(".", 1)[0] for p, _, _ in reported} == set(figures.OUTPUTS)  # all shown
     rules = os.path.join(os.path.dirname(__file__), "..", "workflow", "rules")
     for _, caption, _ in reported:
         assert os.path.exists(os.path.join(rules, caption)), caption
-    assert "figures.workflow_outputs(report)" in open(os.path.join(rules, "figures.smk")).read()
+    assert 'figures.workflow_outputs(report, "results/figures", "../report")' in \
+        open(os.path.join(rules, "figures.smk")).read()

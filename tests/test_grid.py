@@ -60,7 +60,7 @@ def test_cell_identity_round_trips_and_arguments():
     for cell in grid.cells(cfg):
         assert grid.Cell.of(cell.as_dict()) == cell  # as a summary records it
         assert grid.Cell.of({k: str(v) for k, v in cell.as_dict().items()}) == cell  # as a rule's wildcards
-        assert cell.path == f"results/runs/{cell.name}/summary.json"
+        assert cell.name == f"{cell.network}/{cell.scheme}/n{cell.n}_p{cell.p}/c{cell.cores}/{cell.consumer}/rep{cell.rep}"
         args = grid.run_args(cfg, cell, "rates.json")
         assert args[args.index("--rep") + 1] == str(cell.rep)
     cell = grid.Cell("alexnet_v2", "single_broadcast", 2, 1, "1", "emulated", 0)

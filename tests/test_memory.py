@@ -44,5 +44,5 @@ def test_keep_reuses_freed_batches_pages_where_the_system_malloc_faults_them_in_
 
 def test_an_unknown_malloc_policy_is_refused_naming_the_option():
     with pytest.raises(ConfigError) as e:
-        RunConfig(data=".", out="o", malloc="tcmalloc")
+        RunConfig.of(data=".", out="o", malloc="tcmalloc")
     assert e.value.field == "malloc" and "keep" in str(e.value)

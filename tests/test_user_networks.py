@@ -66,6 +66,10 @@ def test_a_factory_that_returns_no_model_is_named_when_built(usernets, name, say
     with pytest.raises(NetworkError) as e:
         network_spec(name).build(3, 32)
     assert name in str(e.value) and says in str(e.value)
+    with pytest.raises(NetworkError) as e:  # the same, in a child process: this one's TensorFlow stays unstarted
+        network_spec(name).probe(3, 32)
+    assert name in str(e.value) and says in str(e.value)
+    network_spec("usernets:build").probe(3, 32)
 
 
 def test_the_workflow_schema_reads_the_registries():
@@ -112,10 +116,13 @@ def test_a_cell_trains_a_users_network(usernets, dataset, tmp_path):
 def test_a_bad_users_network_fails_the_cell_naming_it(usernets, dataset, tmp_path):
     r = enspipe("run", "--data", dataset, "--out", tmp_path / "a", "--network", "usernets:gone", n=2)
     assert r.returncode == 2 and "--network" in r.stderr and "usernets has no gone" in r.stderr
-    r = enspipe("run", "--data", dataset, "--out", tmp_path / "b", "--network", "usernets:not_a_model",
-                "--consumer", "train", "--image-size", 32, "--cpu-monitor", "none", n=2, timeout=120)
-    assert r.returncode != 0 and "usernets:not_a_model returned str, not a keras.Model" in r.stderr
-    assert not (tmp_path / "b" / "summary.json").exists()
+    for name, says in (("usernets:not_a_model", "usernets:not_a_model returned str, not a keras.Model"),
+                       ("usernets:raises", "raised RuntimeError: my model is broken")):
+        out = tmp_path / name.replace(":", "_")
+        r = enspipe("run", "--data", dataset, "--out", out, "--network", name, "--consumer", "train",
+                    "--image-size", 32, "--cpu-monitor", "none", n=2, timeout=120)
+        assert r.returncode == 2 and "--network" in r.stderr and says in r.stderr, r.stderr[-2000:]
+        assert not out.exists()  # built before MPI started: no rank set up its output
 
 
 @pytest.mark.mpi

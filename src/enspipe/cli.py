@@ -14,7 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from enspipe.plan.config import POWER_OPTIONS, RunConfig, add_options, counts, from_options, network_name, positive_int
+from enspipe.plan.config import RunConfig, add_options, from_options
+from enspipe.plan.options import counts, network_name, positive_int
 from enspipe.plan.errors import ConfigError
 
 Fail = Callable[[str], None]  # the parser's error(): prints the message and exits 2
@@ -207,12 +208,14 @@ def _calibrate_comm(a: argparse.Namespace, fail: Fail) -> int:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from enspipe.plan.config import WIRE_DTYPES, numbers
+    from enspipe.plan.config import WIRE_DTYPES
+    from enspipe.plan.options import numbers
 
     p.add_argument("--n", type=positive_int, default=None, help="ensemble members (required unless --config)")
     p.add_argument("--config", default=None,
                    help="predict every peak cell of this config's grid from its model section instead "
-                        "(e.g. config/paper.yaml: the paper's Fig. 10, and the n at which each pipeline falls below rc)")
+                        "(e.g. config/paper.yaml: the paper's Fig. 10, and the n at which each pipeline falls "
+                        "below rc)")
     p.add_argument("--network", type=network_name, default=None,
                    help="read its rp (and rc) from --rates; its batch size is the default")
     p.add_argument("--rates", default=None, help="the calibration's rates.json (rp per core count, rc)")
@@ -368,13 +371,18 @@ def _with_profiles(spec: dict, spec_path: str) -> dict:
     return {**spec, "members": members} if "members" in spec else spec
 
 
+def _user_cache(name: str) -> str:
+    """``$XDG_CACHE_HOME/enspipe/<name>`` (``~/.cache`` without it): where measurements kept across runs live."""
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "enspipe", name)
+
+
 # -- profile: a network's measured training rates on 1, 2, ... accelerators -------------------------
 def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", required=True, type=network_name,
                    help="the network to profile: a registered one, or your factory as package.module:function")
     p.add_argument("--data", required=True, help="a dataset (enspipe make-dataset) to train on")
-    p.add_argument("--cache", default="results/profiles", help="where profiles are kept, one per network, image "
-                   "size, batch and machine")
+    p.add_argument("--cache", default=_user_cache("profiles"), help="where profiles are kept, one per network, "
+                   "image size, batch and machine (default: the user's cache, $XDG_CACHE_HOME or ~/.cache)")
     p.add_argument("--accelerators", type=counts, default=(1, 2), help="the accelerator counts g to measure "
                    "(a job of g ranks each; beyond the largest the allocator extrapolates)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="the global batch")
@@ -420,15 +428,17 @@ def _profile(a: argparse.Namespace, fail: Fail) -> int:
 def _idle_power_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the idle-power JSON file to write")
     p.add_argument("--seconds", type=float, default=30.0, help="how long to sample (keep the node idle)")
-    add_options(p, only=POWER_OPTIONS)
+    add_options(p, only=("energy",))
 
 
 def _idle_power(a: argparse.Namespace, fail: Fail) -> int:
     if a.seconds <= 0:
         fail("--seconds: must be > 0; pass how long to sample, e.g. 30")
     from enspipe.measure.node import measure_idle_power
+    from enspipe.plan.config import PowerOptions
 
     try:
+        PowerOptions(power=a.power, power_csv=a.power_csv, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)
         idle = measure_idle_power(a.out, a.seconds, a.power, a.power_csv, a.idle_watts)
     except ValueError as e:
         fail(str(e))

@@ -1,7 +1,7 @@
 rule collect:
     """One tidy table of all cells (results/tables/cells.csv)."""
     input:
-        summaries=[cell.path for cell in CELLS],
+        summaries=[RUNS.format(cell=cell.name) for cell in CELLS],
     output:
         table="results/tables/cells.csv",
     conda:
@@ -20,7 +20,7 @@ rule collect:
 rule collect_lag:
     """The lag cells' members (results/tables/lag.csv; empty without a lag section)."""
     input:
-        summaries=[grid.LAG.format(scheme=s) for s in LAG_CELLS],
+        summaries=[LAG.format(scheme=s) for s in LAG_CELLS],
     output:
         table="results/tables/lag.csv",
     conda:

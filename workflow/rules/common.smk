@@ -43,6 +43,8 @@ for note in GRID_NOTES:
 CALIBRATIONS = grid.calibrations(config)
 RC_MEASURED = grid.trained_networks(config)
 DATASET = "results/dataset"
+RUNS = "results/runs/{cell}/summary.json"  # a cell's summary, by its name (grid.CELL_NAME; cells.smk's patterns)
+LAG = "results/lag/{scheme}/summary.json"  # the lag cells (config ``lag``), one per scheme
 RATES = "results/calibration/rates.json"
 COMM = "results/calibration/comm.json"  # enspipe calibrate-comm: the cost model's collective costs
 PAPER_CONFIG = os.path.join(workflow.basedir, "config", "paper.yaml")  # its model section: the paper's grid predicted

@@ -50,6 +50,42 @@ class NetworkSpec:
                                "return the model the member trains")
         return model
 
+    def probe(self, num_classes: int, image_size: int, timeout: float = 600.0) -> None:
+        """Build a user's model once in a child process (this one's TensorFlow must stay unstarted
+        until its thread pools are sized), so that a factory that raises or returns no
+        ``keras.Model`` is named before any MPI work. Raises :class:`NetworkError`."""
+        import json
+        import os
+        import subprocess
+        import sys
+
+        if self.factory is None:
+            return
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path),
+                   CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+        code = ("from enspipe.models.networks import _probe_child; "
+                f"_probe_child({self.name!r}, {num_classes}, {image_size})")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode == 0:
+            return
+        lines = r.stdout.strip().splitlines()
+        said = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else \
+            {"problem": f"network {self.name}: building it failed ({r.stderr.strip()[-500:]})",
+             "fix": "fix the factory: it is called as fn(num_classes=, image_size=, seed=)"}
+        raise NetworkError(said["problem"], said["fix"])
+
+
+def _probe_child(name: str, num_classes: int, image_size: int) -> None:
+    """:meth:`NetworkSpec.probe`'s child: build the model, or print why not (JSON) and exit 3."""
+    import json
+    import sys
+
+    try:
+        network_spec(name).build(num_classes, image_size, seed=0)
+    except NetworkError as e:
+        print(json.dumps({"problem": e.problem, "fix": e.fix}))
+        sys.exit(3)
+
 
 def name_problem(name) -> NetworkError | None:
     """Why ``name`` can name no network (neither registered nor ``package.module:function``), or

@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass, field
 
 from enspipe.models.networks import NetworkError, network_spec
-from enspipe.plan.config import plain_name
+from enspipe.plan.options import plain_name
 from enspipe.plan.errors import require
 from enspipe.plan.fleet import (Member, Profile, assign_accelerators, create_flotilla, efficiency_per_doubling,
                                 emulated_profile, flotilla_time, measured_profile)

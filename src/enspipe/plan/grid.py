@@ -1,4 +1,4 @@
-"""The experiment grid: which cells a workflow config asks for, their paths and their arguments.
+"""The experiment grid: which cells a workflow config asks for, their names and their arguments.
 
 A config (``config/*.yaml``, validated by ``workflow/schemas/config.schema.yaml``) names
 experiments, each a product of networks x schemes x n x p x core limits for one consumer, run
@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from enspipe.plan.config import default
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
 
-RUNS = "results/runs"
-LAG = "results/lag/{scheme}/summary.json"  # the lag cells (config ``lag``), one per scheme
-CELL_PATTERN = RUNS + "/{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}/summary.json"
+CELL_NAME = "{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}"  # a cell's relative directory
 CELL_FIELDS = ("network", "scheme", "n", "p", "cores", "consumer", "rep")  # a cell's identity
 
 
@@ -34,13 +32,9 @@ class Cell:
     rep: int
 
     @property
-    def path(self) -> str:
-        return CELL_PATTERN.format(**self.__dict__)
-
-    @property
     def name(self) -> str:
-        """The short form: ``network/scheme/nN_pP/cC/consumer/repR``."""
-        return self.path[len(RUNS) + 1:-len("/summary.json")]
+        """The short form, also its directory under a workflow's runs: ``network/scheme/nN_pP/cC/consumer/repR``."""
+        return CELL_NAME.format(**self.__dict__)
 
     def as_dict(self) -> dict:
         """The identity a cell's summary records (``summary["cell"]``)."""

@@ -136,7 +136,7 @@ class Machine:
     def __post_init__(self) -> None:
         require(bool(self.rp) and all(float(c) > 0 and v > 0 for c, v in self.rp.items()), "rp",
                 f"needs one member's measured preprocessing rate at one or more core counts, got {self.rp}",
-                "calibrate first (results/calibration/rates.json) or pass --rp CORES:RATE")
+                "calibrate first (the workflow's calibration, rates.json) or pass --rp CORES:RATE")
         require(self.rc is None or (self.rc > 0 and math.isfinite(self.rc)), "rc", f"must be > 0, got {self.rc}",
                 "pass the accelerator's images/s, or leave it out for peak throughput")
         require(self.cores_per_node >= 1, "cores_per_node", f"must be >= 1, got {self.cores_per_node}",

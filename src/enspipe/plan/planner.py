@@ -31,7 +31,7 @@ def rp_from_rates(rates: dict, network: str) -> tuple[dict, dict | None, float |
     (``all`` is the calibration machine's CPU count)."""
     entry = rates.get("networks", {}).get(network)
     require(bool(entry and entry.get("rp")), "rates", f"no rp for {network} in the calibration file",
-            "calibrate the network first (snakemake results/calibration/rates.json) or pass --rp")
+            "calibrate the network first (the workflow's calibration, rates.json) or pass --rp")
     cpus = (rates.get("machine") or {}).get("cpus") or os.cpu_count()
     def cores(c):
         return float(cpus) if c == "all" else float(c)
@@ -73,7 +73,7 @@ class PlanRequest:
         require(a.n is not None and a.n >= 1, "n", f"must be >= 1, got {a.n}",
                 "pass the number of members (or --config for a config's whole grid)")
         require(a.rp is not None or (a.rates and a.network), "rp", "no preprocessing rate to plan from",
-                "pass --network with --rates results/calibration/rates.json, or --rp CORES:RATE")
+                "pass --network with --rates RATES.json (the workflow's calibration), or --rp CORES:RATE")
         require(not (a.peak and a.rc is not None), "rc", "--peak and --rc contradict each other", "pass one")
         sources = {}
         rc, cpu = a.rc, None

@@ -1,4 +1,4 @@
-"""The paper's figures and tables from the tidy table of cells (``results/tables/cells.csv``).
+"""The paper's figures and tables from the tidy table of cells (the workflow's ``cells.csv``).
 
 :func:`render` writes every output registered in :data:`OUTPUTS` (its name, formats, report section
 and writer, declared once with :func:`output`) into one folder: figures as PNG and PDF,
@@ -62,10 +62,11 @@ def output(name: str, formats: tuple[str, ...], category: str):
     return register
 
 
-def workflow_outputs(report) -> list:
-    """The figures rule's outputs, each reported format wrapped by Snakemake's ``report``."""
-    return [report(f"results/figures/{o.name}.{ext}", caption=f"../report/{o.name}.rst", category=o.category)
-            if ext in REPORTED else f"results/figures/{o.name}.{ext}"
+def workflow_outputs(report, figures_dir: str, captions_dir: str) -> list:
+    """The figures rule's outputs under ``figures_dir``, each reported format wrapped by Snakemake's
+    ``report`` with its caption ``<captions_dir>/<name>.rst``."""
+    return [report(f"{figures_dir}/{o.name}.{ext}", caption=f"{captions_dir}/{o.name}.rst", category=o.category)
+            if ext in REPORTED else f"{figures_dir}/{o.name}.{ext}"
             for o in OUTPUTS.values() for ext in o.formats]
 
 

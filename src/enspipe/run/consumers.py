@@ -213,12 +213,12 @@ def make_consumers(cfg, num_classes: int, members: list[int], dequantize=None, g
 
 def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=None, gradient_sum=None):
     """The consumer of ensemble member ``member``; ``group``: its ranks' communicator when it is
-    data-parallel (``cfg.data_parallel`` > 1; every rank of a member builds the same model);
+    data-parallel (``cfg.training.data_parallel`` > 1; every rank of a member builds the same model);
     ``gradient_sum``: what sums its gradients instead of ``group`` (Horovod's process set)."""
-    if cfg.consumer == "peak":
+    if cfg.training.consumer == "peak":
         return PeakConsumer()
-    if cfg.consumer == "emulated":  # its rc, --slow-member's slowdown, the efficiency at its width
+    if cfg.training.consumer == "emulated":  # its rc, --slow-member's slowdown, the efficiency at its width
         return EmulatedConsumer(cfg.accelerator_rate(member, 1 if group is None else group.Get_size()), group)
-    return TrainConsumer(cfg.network_for(member), num_classes, cfg.image_size, cfg.lr_for(member),
-                         seed=cfg.seed * 1000 + member, dequantize=dequantize, group=group,
+    return TrainConsumer(cfg.network_for(member), num_classes, cfg.stream.image_size, cfg.lr_for(member),
+                         seed=cfg.stream.seed * 1000 + member, dequantize=dequantize, group=group,
                          batches_per_update=cfg.batch_multiplier_for(member), gradient_sum=gradient_sum)

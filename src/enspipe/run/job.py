@@ -59,7 +59,7 @@ def setup(cfg: RunConfig, comm, scheme, progress: dict) -> Job:
     heartbeat = _heartbeat(cfg, comm, progress)  # after TensorFlow's import holds the GIL
     _clear_earlier_results(cfg, comm)
     events = EventLog(cfg.out, rank)
-    preprocessing = network_spec(cfg.network).preprocessing
+    preprocessing = network_spec(cfg.training.network).preprocessing
     manifest = _manifest(cfg)
     _log_start(cfg, comm, scheme, where, events, affinity, malloc, preprocessing, manifest)
     transport, pipeline = _delivery(cfg, comm, scheme, manifest, preprocessing, where, events)
@@ -82,14 +82,14 @@ def _placed(cfg: RunConfig, comm):
     from enspipe.run.memory import set_malloc
     from enspipe.run.placement import place
 
-    where = place(comm, MPI, cfg.cores)
+    where = place(comm, MPI, cfg.measure.cores)
     # the plan again, now that the node layout is known (validated already, on one node)
-    scheme = make_scheme(cfg.scheme, comm.Get_size(), cfg.preprocessors, cfg.global_batch,
+    scheme = make_scheme(cfg.stream.scheme, comm.Get_size(), cfg.stream.preprocessors, cfg.global_batch,
                          node_groups(comm.allgather(where.mpi_node)))
     os.makedirs(cfg.out, exist_ok=True)
     monitor = start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
-    malloc = set_malloc(cfg.malloc)  # before TensorFlow allocates
+    malloc = set_malloc(cfg.stream.malloc)  # before TensorFlow allocates
     configure_tensorflow_threads(where.threads)  # imports TensorFlow, after the pools' sizes are known
     return where, scheme, monitor, affinity, malloc
 
@@ -100,13 +100,14 @@ def _heartbeat(cfg: RunConfig, comm, progress: dict):
     rank = comm.Get_rank()
     return Heartbeat(comm, on_loss=lambda peer, silent: fail(
         cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
-        timeout=cfg.peer_timeout).start()
+        timeout=cfg.faults.peer_timeout).start()
 
 
 def _clear_earlier_results(cfg: RunConfig, comm) -> None:
     """A rerun must not leave an old summary or an old failure looking like its result."""
     if comm.Get_rank() == 0:
-        for old in [SUMMARY, FAILED_SUMMARY, *(f for f in os.listdir(cfg.out) if f.startswith(("failed.rank", "error.rank")))]:
+        ranks = [f for f in os.listdir(cfg.out) if f.startswith(("failed.rank", "error.rank"))]
+        for old in [SUMMARY, FAILED_SUMMARY, *ranks]:
             if os.path.exists(os.path.join(cfg.out, old)):
                 os.remove(os.path.join(cfg.out, old))
     comm.Barrier()
@@ -132,9 +133,10 @@ def _log_start(cfg: RunConfig, comm, scheme, where, events, affinity, malloc, pr
                preprocessing=preprocessing, share=scheme.share(rank, cfg.global_batch),
                dataset={"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                         "digest": manifest.digest, "synthetic": manifest.synthetic})
-    say(rank, f"{scheme.name} n={n} p={scheme.p} {cfg.network} batch={cfg.global_batch} "
-              f"{cfg.consumer}{' (emulated accelerator)' if cfg.consumer == 'emulated' else ''} "
-              f"steps={cfg.warmup}+{cfg.steps} cores={cfg.cores or 'all'} {cfg.image_size}px"
+    say(rank, f"{scheme.name} n={n} p={scheme.p} {cfg.training.network} batch={cfg.global_batch} "
+              f"{cfg.training.consumer}{' (emulated accelerator)' if cfg.training.consumer == 'emulated' else ''} "
+              f"steps={cfg.measure.warmup}+{cfg.measure.steps} cores={cfg.measure.cores or 'all'} "
+              f"{cfg.stream.image_size}px"
               f"{' OVERSUBSCRIBED' if where.oversubscribed else ''} -> {cfg.out}")
 
 
@@ -145,7 +147,8 @@ def _delivery(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where,
     from enspipe.run.service import ServicePipeline, TfDataService
 
     transport = TfDataService(comm, scheme, cfg, manifest, preprocessing, where.threads, events)
-    return transport, ServicePipeline(transport, comm.Get_rank(), cfg.queue_depth, cfg.sample_interval, events)
+    return transport, ServicePipeline(transport, comm.Get_rank(), cfg.stream.queue_depth,
+                                      cfg.measure.sample_interval, events)
 
 
 def _consumer(cfg: RunConfig, comm, transport, manifest, preprocessing: str, events):
@@ -155,10 +158,10 @@ def _consumer(cfg: RunConfig, comm, transport, manifest, preprocessing: str, eve
     from enspipe.run.pipeline import quantizer
 
     rank, n = comm.Get_rank(), comm.Get_size()
-    dequantize = quantizer(preprocessing)[1] if cfg.wire_dtype == "uint8" else None
-    group = comm.Split(cfg.member_of(rank), rank) if max(cfg.data_parallel) > 1 else None
+    dequantize = quantizer(preprocessing)[1] if cfg.stream.wire_dtype == "uint8" else None
+    group = comm.Split(cfg.member_of(rank), rank) if max(cfg.training.data_parallel) > 1 else None
     gradient_sum = None  # the gradients' all-reduce: the member's group communicator, or its Horovod process set
-    if group is not None and cfg.transport == "horovod" and group.Get_size() > 1:
+    if group is not None and cfg.stream.transport == "horovod" and group.Get_size() > 1:
         mine = tuple(cfg.member_ranks(n)[cfg.member_of(rank)])
         gradient_sum = lambda values: transport.allreduce_sum(mine, values)  # noqa: E731
         events.log(keys.EXCHANGE_PATH, group=list(mine), path="horovod", purpose="gradients")
@@ -186,21 +189,21 @@ def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) 
 
     rank = comm.Get_rank()
     m = cfg.member_of(rank)
-    name, network = cfg.name_of(m), cfg.network_for(m) if cfg.consumer == "train" else None
-    state = checkpoint.load(cfg.checkpoint_dir, name, network) if cfg.checkpoint_dir else None
+    name, network = cfg.name_of(m), cfg.network_for(m) if cfg.training.consumer == "train" else None
+    state = checkpoint.load(cfg.lives.checkpoint_dir, name, network) if cfg.lives.checkpoint_dir else None
     if state is None:
         state = checkpoint.MemberState(name, network)
     elif state.weights is not None:
-        checkpoint.restore(cfg.checkpoint_dir, state, consumer.trackable())
+        checkpoint.restore(cfg.lives.checkpoint_dir, state, consumer.trackable())
     state.runs.append({"out": os.path.abspath(cfg.out), "started": time.time(), "epochs": 0})
     validation = None
-    if cfg.validation_data and cfg.consumer == "train":
+    if cfg.lives.validation_data and cfg.training.consumer == "train":
         from enspipe.data.validation import load_validation
 
-        validation = load_validation(cfg.validation_data, preprocessing, cfg.image_size)
-    writer = cfg.checkpoint_dir is not None and rank == cfg.member_ranks(comm.Get_size())[m][0]
-    return Life(cfg.checkpoint_dir if writer else None, state, validation, cfg.patience_for(m), cfg.min_delta,
-                 epoch_images)
+        validation = load_validation(cfg.lives.validation_data, preprocessing, cfg.stream.image_size)
+    writer = cfg.lives.checkpoint_dir is not None and rank == cfg.member_ranks(comm.Get_size())[m][0]
+    return Life(cfg.lives.checkpoint_dir if writer else None, state, validation, cfg.patience_for(m),
+                cfg.lives.min_delta, epoch_images)
 
 
 @dataclass
@@ -220,8 +223,8 @@ def enspipe_pipeline(cfg: RunConfig, comm, scheme, manifest, preprocessing: str,
     from enspipe.run.pipeline import build_pipeline
 
     data_parallel = [tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1]
-    return build_pipeline(comm, scheme, manifest, preprocessing, cfg.stream(), where.threads, events,
-                          steps=cfg.steps, reduce_groups=data_parallel)
+    return build_pipeline(comm, scheme, manifest, preprocessing, cfg.stream_config(), where.threads, events,
+                          steps=cfg.measure.steps, reduce_groups=data_parallel)
 
 
 def fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> None:

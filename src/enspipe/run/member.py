@@ -20,7 +20,8 @@ import sys
 import traceback
 
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.config import RunConfig, plain_name
+from enspipe.plan.config import RunConfig
+from enspipe.plan.options import plain_name
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
 from enspipe.run.job import fail, setup
 from enspipe.run.summary import job_report, rank_report, say
@@ -37,9 +38,9 @@ def run(cfg: RunConfig) -> int:
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
     try:
-        if cfg.scheme == AUTO:
+        if cfg.stream.scheme == AUTO:
             cfg = _planned(cfg, comm)
-        scheme = make_scheme(cfg.scheme, n, cfg.preprocessors, cfg.global_batch)
+        scheme = make_scheme(cfg.stream.scheme, n, cfg.stream.preprocessors, cfg.global_batch)
         _check_members(cfg, n)
     except ConfigError as e:  # every rank reaches the same verdict: no collective needed
         if rank == 0:
@@ -64,7 +65,7 @@ def run_on(cfg: RunConfig, comm) -> int:
     """One rank of a cell on ``comm``, a communicator inside a longer MPI job whose ranks run one
     cell after another (``enspipe ensemble --in-job``: TensorFlow and MPI start once, not per
     cell). Raises :class:`ConfigError` as :func:`run` would exit 2; a failed rank aborts the job."""
-    scheme = make_scheme(cfg.scheme, comm.Get_size(), cfg.preprocessors, cfg.global_batch)
+    scheme = make_scheme(cfg.stream.scheme, comm.Get_size(), cfg.stream.preprocessors, cfg.global_batch)
     _check_members(cfg, comm.Get_size())
     return _run_guarded(cfg, comm, scheme)
 
@@ -85,31 +86,32 @@ def _check_members(cfg: RunConfig, n: int) -> None:
     from enspipe.data.manifest import read_manifest
 
     members = cfg.members(n)
-    for name, values in (("member_rates", cfg.member_rates), ("member_epochs", cfg.member_epochs),
-                         ("member_networks", cfg.member_networks), ("member_names", cfg.member_names),
-                         ("member_patience", cfg.member_patience),
-                         ("member_batch_multipliers", cfg.member_batch_multipliers)):
+    for name, values in (("member_rates", cfg.training.member_rates), ("member_epochs", cfg.lives.member_epochs),
+                         ("member_networks", cfg.training.member_networks), ("member_names", cfg.lives.member_names),
+                         ("member_patience", cfg.lives.member_patience),
+                         ("member_batch_multipliers", cfg.training.member_batch_multipliers)):
         if values is not None and len(values) not in ({1, members} if name in (
                 "member_epochs", "member_patience", "member_batch_multipliers") else {members}):
             raise ConfigError(name, f"{len(values)} values for {members} members",
-                              f"pass one per member ({members}: the ranks over --data-parallel, times --members-per-rank)")
-    if cfg.member_names is not None:
-        bad = [x for x in cfg.member_names if not plain_name(x)]
-        if bad or len(set(cfg.member_names)) != len(cfg.member_names):
+                              f"pass one per member ({members}: the ranks over --data-parallel, times "
+                              "--members-per-rank)")
+    if cfg.lives.member_names is not None:
+        bad = [x for x in cfg.lives.member_names if not plain_name(x)]
+        if bad or len(set(cfg.lives.member_names)) != len(cfg.lives.member_names):
             raise ConfigError("member_names", f"names must be distinct and of letters, digits, '-', '_' and '.', got "
-                              f"{list(cfg.member_names)}", "name each member once, e.g. a,b,c")
-    if cfg.slow_member is not None and cfg.slow_member[0] >= members:
-        raise ConfigError("slow_member", f"there is no member {cfg.slow_member[0]} among {members}",
+                              f"{list(cfg.lives.member_names)}", "name each member once, e.g. a,b,c")
+    if cfg.training.slow_member is not None and cfg.training.slow_member[0] >= members:
+        raise ConfigError("slow_member", f"there is no member {cfg.training.slow_member[0]} among {members}",
                           f"pass a member below {members}")
-    if cfg.checkpoint_dir is not None:  # a member resumes from its checkpoint, never silently from scratch
+    if cfg.lives.checkpoint_dir is not None:  # a member resumes from its checkpoint, never silently from scratch
         from enspipe.run import checkpoint
 
         for m in range(members):
-            problem = checkpoint.problem(cfg.checkpoint_dir, cfg.name_of(m),
-                                         cfg.network_for(m) if cfg.consumer == "train" else None)
+            problem = checkpoint.problem(cfg.lives.checkpoint_dir, cfg.name_of(m),
+                                         cfg.network_for(m) if cfg.training.consumer == "train" else None)
             if problem:
                 raise ConfigError("checkpoint_dir", problem, "restore it, or remove it to start the member over")
-    if cfg.member_epochs is not None:  # members leave at an epoch's end: it must end on a batch's
+    if cfg.lives.member_epochs is not None:  # members leave at an epoch's end: it must end on a batch's
         images = read_manifest(cfg.data).num_images
         if images % cfg.global_batch:
             raise ConfigError("member_epochs", f"the dataset's {images} images are not a whole number of "
@@ -126,25 +128,23 @@ def _planned(cfg: RunConfig, comm) -> RunConfig:
     """``--scheme auto``: the cost model's choice of scheme and P for these members on this
     placement (their hosts' cores, their nodes), from the calibration; rank 0 decides, every rank
     runs it. Raises :class:`ConfigError` (exit 2) where the calibration cannot give a plan."""
-    import dataclasses
-
     from mpi4py import MPI
 
     from enspipe.plan.planner import choose_together
     from enspipe.run.placement import place
 
-    where = place(comm, MPI, cfg.cores)
+    where = place(comm, MPI, cfg.measure.cores)
     nodes = len(set(comm.allgather(where.mpi_node)))
-    choice = choose_together(comm, nodes, where.host_cpus, cfg.calibration, cfg.network, batch=cfg.global_batch,
-                             image_size=cfg.image_size, rc=cfg.rate if cfg.consumer == "emulated" else None,
-                             core_limit=cfg.cores, wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm,
-                             comm_json=cfg.plan_comm, block_images=cfg.block_images)
+    s, t = cfg.stream, cfg.training
+    choice = choose_together(comm, nodes, where.host_cpus, cfg.calibration, t.network, batch=cfg.global_batch,
+                             image_size=s.image_size, rc=t.rate if t.consumer == "emulated" else None,
+                             core_limit=cfg.measure.cores, wire_dtype=s.wire_dtype, node_shm=s.node_shm,
+                             comm_json=s.plan_comm, block_images=s.block_images)
     takes_p = SCHEME_KINDS[choice["scheme"]].takes_p
     say(comm.Get_rank(), f"scheme auto: the plan runs {choice['scheme']}" + (f" P={choice['p']}" if takes_p else "")
          + f" (predicted {choice['predicted']['images_per_second']:.0f} images/s per member, "
          f"{choice['predicted']['bound']}-bound)")
-    return dataclasses.replace(cfg, scheme=choice["scheme"], preprocessors=choice["p"] if takes_p else None,
-                               planned=choice)
+    return cfg.replaced(scheme=choice["scheme"], preprocessors=choice["p"] if takes_p else None, planned=choice)
 
 
 def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
@@ -153,7 +153,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     job.pipeline.start()
     progress["stage"] = "warm-up"
     warm = warm_up(cfg, comm, job.member)  # until every pipeline is in its steady state
-    window = measure(job, warm)  # cfg.steps steps, the producers running throughout
+    window = measure(job, warm)  # cfg.measure.steps steps, the producers running throughout
     progress["stage"] = "stopping the producers"
     discarded = stop(job)  # together (their collectives must match), discarding what is left
     progress["stage"] = "report"

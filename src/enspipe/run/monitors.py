@@ -9,18 +9,19 @@ def start_node_monitor(cfg: RunConfig, host: str):
     from enspipe.measure.cpumon import resolve_source
     from enspipe.measure.node import NodeMonitor
 
-    return NodeMonitor(cfg.out, host, resolve_source(cfg.cpu_monitor), cfg.power, cfg.monitor_interval)
+    m = cfg.measure
+    return NodeMonitor(cfg.out, host, resolve_source(m.cpu_monitor), cfg.energy.power, m.monitor_interval)
 
 
 def slurm_counter(cfg: RunConfig):
     from enspipe.measure.power import PowerUnavailable, SlurmStepCounter
 
-    if cfg.power != ("auto",) and "slurm" not in cfg.power:
+    if cfg.energy.power != ("auto",) and "slurm" not in cfg.energy.power:
         return None
     try:
         return SlurmStepCounter()
     except (PowerUnavailable, OSError) as e:
-        if "slurm" in cfg.power:
+        if "slurm" in cfg.energy.power:
             raise PowerUnavailable(f"--power slurm: {e}") from None
         return None
 

@@ -48,17 +48,17 @@ def service_dataset(manifest, cfg, preprocessing: str, threads: int, workers: in
     """The graph each worker runs: the sample stream read in the graph, parsed, preprocessed one
     image at a time on ``threads`` threads and batched, each element ``(images, meta, stream)``
     (``stream`` tells one worker's elements from another's; 0 with one worker)."""
-    batch, size = cfg.global_batch, cfg.image_size
+    batch, size = cfg.global_batch, cfg.stream.image_size
 
     def stream(salt, seed):
-        one = element_fn(preprocessing, size, cfg.fast_mode, cfg.wire_dtype, seed)
-        samples = sample_stream(manifest, seed, cfg.shuffle_buffer, in_graph=True).batch(batch)
+        one = element_fn(preprocessing, size, cfg.stream.fast_mode, cfg.stream.wire_dtype, seed)
+        samples = sample_stream(manifest, seed, cfg.stream.shuffle_buffer, in_graph=True).batch(batch)
         samples = samples.map(lambda b: load_samples(manifest.kind, b)).flat_map(tf.data.Dataset.from_tensor_slices)
         images = samples.map(one, num_parallel_calls=threads, deterministic=True).batch(batch, drop_remainder=True)
         return images.map(lambda x, meta: (x, meta, salt))
 
     if workers == 1:  # enspipe's stream itself
-        ds = stream(tf.constant(0, tf.int64), tf.constant(cfg.seed, tf.int64))
+        ds = stream(tf.constant(0, tf.int64), tf.constant(cfg.stream.seed, tf.int64))
     else:  # each worker its own order and augmentation: seed=None draws a new one per worker
         ds = tf.data.Dataset.random(seed=None).take(1).flat_map(
             lambda r: stream(r % (2**31 - 1) + 1, r % (2**31 - 1)))
@@ -71,8 +71,8 @@ def service_dataset(manifest, cfg, preprocessing: str, threads: int, workers: in
 
 
 def element_spec(cfg) -> tuple:
-    wire = tf.uint8 if cfg.wire_dtype == "uint8" else tf.float32
-    b, s = cfg.global_batch, cfg.image_size
+    wire = tf.uint8 if cfg.stream.wire_dtype == "uint8" else tf.float32
+    b, s = cfg.global_batch, cfg.stream.image_size
     return (tf.TensorSpec([b, s, s, 3], wire), tf.TensorSpec([b, 4], tf.int64), tf.TensorSpec([], tf.int64))
 
 
@@ -103,7 +103,7 @@ class TfDataService:
             self.worker = svc.WorkerServer(service_config_pb2.WorkerConfig(
                 dispatcher_address=self.address, worker_address=f"{host}:%port%", port=0, protocol="grpc",
                 heartbeat_interval_ms=1000, dispatcher_timeout_ms=60_000,
-                cross_trainer_cache_size_bytes=cfg.tfdata_cache_mb << 20))
+                cross_trainer_cache_size_bytes=cfg.service.tfdata_cache_mb << 20))
         dataset_id = None
         if rank == 0:
             deadline = time.monotonic() + REGISTER_TIMEOUT
@@ -114,11 +114,12 @@ class TfDataService:
                                        f"{REGISTER_TIMEOUT:.0f} s")
                 time.sleep(0.05)
             ds = service_dataset(manifest, cfg, preprocessing, threads, scheme.p)
-            compression = None if cfg.tfdata_compression == "none" else cfg.tfdata_compression
+            compression = None if cfg.service.tfdata_compression == "none" else cfg.service.tfdata_compression
             dataset_id = svc.register_dataset(f"grpc://{self.address}", ds, compression=compression).numpy()
         self.dataset_id = comm.bcast(dataset_id, root=0)
         events.log(keys.SERVICE, dispatcher=self.address, dataset_id=self.dataset_id.decode(), workers=scheme.p,
-                   worker=self.worker is not None, cache_mb=cfg.tfdata_cache_mb, compression=cfg.tfdata_compression,
+                   worker=self.worker is not None, cache_mb=cfg.service.tfdata_cache_mb,
+                   compression=cfg.service.tfdata_compression,
                    sharding="OFF", job=JOB)
 
     @property
@@ -127,7 +128,8 @@ class TfDataService:
 
     def describe(self) -> dict:
         return {"dispatcher": self.address, "dataset_id": self.dataset_id.decode(), "workers": self.workers,
-                "cache_mb": self.cfg.tfdata_cache_mb, "compression": self.cfg.tfdata_compression, "sharding": "OFF",
+                "cache_mb": self.cfg.service.tfdata_cache_mb, "compression": self.cfg.service.tfdata_compression,
+                "sharding": "OFF",
                 "orders": "enspipe's stream (one worker)" if self.workers == 1 else
                           "one per worker, drawn at its start (ShardingPolicy.OFF: each worker streams the whole dataset)"}
 

@@ -69,7 +69,8 @@ class Member:
                         cpu_s=time.process_time(),
                         measured=measured, queues=queues, starved=starved, saturated=saturated,
                         batch_digest=digest_of(batch.meta[:, 0]),
-                        **({"batch_checksum": batch_checksum(batch)} if self.cfg.batch_checksums else {}), **out)
+                        **({"batch_checksum": batch_checksum(batch)} if self.cfg.measure.batch_checksums else {}),
+                        **out)
         clock = self.pipeline.clock
         clock.add("consume", t_done - t_got, cpu_done - cpu_got)
         clock.add("hand_off", t_got - t_req, time.thread_time() - cpu_done + cpu_got - cpu_req)

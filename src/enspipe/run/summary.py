@@ -58,7 +58,8 @@ def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
         "mpi_node": where.mpi_node, "cores": job.affinity, "sharing_cores": where.sharing_cores,
         "threads": where.threads, "share": list(job.scheme.share(rank, cfg.global_batch)),
         "member": cfg.member_of(rank), "members": cfg.rank_members(rank),
-        "max_rss_bytes": max_rss_bytes(), "learning_rate": cfg.lr_for(cfg.member_of(rank)) if cfg.consumer == "train" else None,
+        "max_rss_bytes": max_rss_bytes(),
+        "learning_rate": cfg.lr_for(cfg.member_of(rank)) if cfg.training.consumer == "train" else None,
         "images": images, "images_preprocessed": w.preprocessed, "seconds": seconds,
         "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
@@ -73,7 +74,7 @@ def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
         "short_epochs": short,
         "trained_images": member.trained, "accelerator_busy_seconds": member.busy_seconds,
         "member_name": cfg.name_of(cfg.member_of(rank)),
-        "network": cfg.network_for(cfg.member_of(rank)) if cfg.consumer == "train" else None,
+        "network": cfg.network_for(cfg.member_of(rank)) if cfg.training.consumer == "train" else None,
         "epochs_trained": member.epochs_trained,
         "member_state": member.life.state.as_dict() if member.life else None,
         "steps_measured": w.steps, "stopped_early": w.stopped_early,
@@ -135,31 +136,32 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
     from enspipe.measure.node import job_fields, write_power_table
 
     cfg, scheme, n, manifest = job.cfg, job.scheme, job.n, job.manifest
+    t, m, e = cfg.training, cfg.measure, cfg.energy
     slurm_j0, slurm_j1 = w.slurm_joules
     measured, power_rows = job_fields(
-        nodes, *window, cfg.power, idle_watts=cfg.idle_watts, watts_per_core=cfg.watts_per_core,
-        idle_file=cfg.idle_power, power_csv=cfg.power_csv,
+        nodes, *window, e.power, idle_watts=e.idle_watts, watts_per_core=e.watts_per_core,
+        idle_file=e.idle_power, power_csv=e.power_csv,
         slurm_joules=slurm_j1 - slurm_j0 if slurm_j0 is not None and slurm_j1 is not None else None,
         slurm_why=None if job.slurm else "not inside a Slurm job step with energy accounting")
     cpumon.write_table(os.path.join(cfg.out, "cpu.csv"), [r for nd in nodes for r in nd["cpu_rows"]])
     write_power_table(os.path.join(cfg.out, "power.csv"), power_rows)
     return {
-        "cell": Cell.of({"network": cfg.network, "scheme": AUTO if cfg.planned else scheme.name, "n": n,
-                         "p": n if cfg.planned else scheme.p, "cores": cfg.cores,  # an auto cell: P = N, as the grid
-                         "consumer": cfg.consumer, "rep": cfg.rep}).as_dict(),
+        "cell": Cell.of({"network": t.network, "scheme": AUTO if cfg.planned else scheme.name, "n": n,
+                         "p": n if cfg.planned else scheme.p, "cores": m.cores,  # an auto cell: P = N, as the grid
+                         "consumer": t.consumer, "rep": cfg.rep}).as_dict(),
         "planned": cfg.planned,  # --scheme auto: the plan's choice and prediction; the scheme that ran is below
-        "network": cfg.network, "consumer": cfg.consumer, "emulated": cfg.consumer == "emulated",
-        "accelerator": "emulated" if cfg.consumer == "emulated" else ("none" if cfg.consumer == "peak" else "measured"),
-        "rate": cfg.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": cfg.steps,
-        "warmup": cfg.warmup, "cores": cfg.cores, "image_size": cfg.image_size, "scheme": scheme.name, "n": n,
-        "p": scheme.p, "wire_dtype": cfg.wire_dtype, "transport": job.transport.name,
+        "network": t.network, "consumer": t.consumer, "emulated": t.consumer == "emulated",
+        "accelerator": "emulated" if t.consumer == "emulated" else ("none" if t.consumer == "peak" else "measured"),
+        "rate": t.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": m.steps,
+        "warmup": m.warmup, "cores": m.cores, "image_size": cfg.stream.image_size, "scheme": scheme.name, "n": n,
+        "p": scheme.p, "wire_dtype": cfg.stream.wire_dtype, "transport": job.transport.name,
         "unit_batches": None if scheme.service else job.pipeline.unit,  # batches per read/preprocess/exchange
         "malloc": job.malloc,  # how the members' malloc returned freed images (--malloc)
-        "members_per_rank": cfg.members_per_rank,
-        "preprocessing": job.preprocessing, "fast_mode": cfg.fast_mode, "seed": cfg.seed,
+        "members_per_rank": cfg.training.members_per_rank,
+        "preprocessing": job.preprocessing, "fast_mode": cfg.stream.fast_mode, "seed": cfg.stream.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
-                    "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.shuffle_buffer)},
+                    "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer)},
         "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
         "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
         "stages_per_image": stages.mean_per_image(reports),
@@ -213,7 +215,7 @@ def delivery_summary(scheme, reports: list[dict], cfg: RunConfig) -> dict:
             "distinct_min": min(distinct) if distinct else None,
             "skipped_samples": sum(x["skipped_samples"] for x in d),
             "skipped_by_member": [x["skipped_samples"] for x in d],
-            "slow_member": list(cfg.slow_member) if cfg.slow_member else None}
+            "slow_member": list(cfg.training.slow_member) if cfg.training.slow_member else None}
 
 
 def window_summary(scheme, reports: list[dict], warm: "Warmup") -> dict:

@@ -40,7 +40,7 @@ def max_warmup(cfg: RunConfig) -> int:
     the stage queues hold (time enough to fill them whenever the producers outpace the consumer)."""
     from enspipe.run.pipeline import QUEUES
 
-    return cfg.warmup + 3 * len(QUEUES) * cfg.queue_depth
+    return cfg.measure.warmup + 3 * len(QUEUES) * cfg.stream.queue_depth
 
 
 class Warmup(NamedTuple):
@@ -50,7 +50,7 @@ class Warmup(NamedTuple):
 
 
 def warm_up(cfg: RunConfig, comm, member: Member) -> Warmup:
-    """Unmeasured steps before the window: at least ``cfg.warmup``, then until every member's
+    """Unmeasured steps before the window: at least ``cfg.measure.warmup``, then until every member's
     pipeline is steady, i.e. its queues are no longer filling: either every queue is full (the
     producers wait for the consumer), or its queues hold no more than they did
     :data:`STEADY_STEPS` steps ago (empty when the consumer waits for the producers, level near
@@ -69,14 +69,14 @@ def warm_up(cfg: RunConfig, comm, member: Member) -> Warmup:
     :meth:`Member.capacity` more steps, free of any collective (the same number on every member,
     so their windows still cover the same steps): a member whose producers set the pace draws all
     its stock down; one whose consumer sets it stays full, as it was."""
-    if cfg.warmup == 0:
+    if cfg.measure.warmup == 0:
         return Warmup(0, None, 0)
     looks: list[Look] = []
     step, limit = 0, max_warmup(cfg)
     while True:
         looks = (looks + [member.step(step, measured=False)])[-(STEADY_STEPS + 1):]
         step += 1
-        if step >= cfg.warmup:
+        if step >= cfg.measure.warmup:
             steady = all_ranks(comm, is_steady(looks))
             if steady or step >= limit:
                 drain = member.capacity()
@@ -126,7 +126,7 @@ def stop_producers(comm, pipeline) -> int:
 
 
 def measure(job: Job, warm: "Warmup") -> Window:
-    """The measured window: ``cfg.steps`` steps, and the CPU, stage, exchange and energy readings
+    """The measured window: ``cfg.measure.steps`` steps, and the CPU, stage, exchange and energy readings
     taken at its edges (so they count only work done inside it)."""
     from enspipe.measure import threadcpu
 
@@ -139,11 +139,11 @@ def measure(job: Job, warm: "Warmup") -> Window:
     job.events.log(keys.MEASURE_START, step=warmup_steps, steady=warm.steady, drain_steps=warm.drain_steps)
     job.progress["stage"] = "measured window"
     steps, stopped_early = 0, False
-    for step in range(warmup_steps, warmup_steps + job.cfg.steps):
+    for step in range(warmup_steps, warmup_steps + job.cfg.measure.steps):
         job.member.step(step, measured=True)
         steps += 1
-        if job.cfg.stop_below is not None and job.member.epoch_ends(step) and \
-                count_ranks(job.comm, job.member.training_after(step)) < job.cfg.stop_below:
+        if job.cfg.lives.stop_below is not None and job.member.epoch_ends(step) and \
+                count_ranks(job.comm, job.member.training_after(step)) < job.cfg.lives.stop_below:
             stopped_early = True  # too few accelerators would stay busy: the plan goes on without this run
             break
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
