@@ -220,3 +220,15 @@ def test_the_schemas_run_defaults_are_run_configs():
     assert power["watts_per_core"]["default"] == default("watts_per_core")
     assert schema["properties"]["seed"]["default"] == default("seed")
     assert schema["properties"]["monitor_interval"]["default"] == default("monitor_interval")
+
+
+def test_a_cells_slurm_request_spreads_members_over_nodes():
+    """slurm.members_per_node becomes --ntasks-per-node (memory per node follows), gpus_per_member
+    --gpus-per-task; without them Slurm packs the cell, as before."""
+    base = {"exclusive": True, "mem_mb_per_task": 1000}
+    assert grid.slurm_request({"slurm": base}, 4) == {"slurm_extra": "--exclusive", "mem_mb": 4000}
+    spread = grid.slurm_request({"slurm": base | {"members_per_node": 2, "gpus_per_member": 1}}, 4)
+    assert spread == {"slurm_extra": "--exclusive --ntasks-per-node=2 --gpus-per-task=1", "mem_mb": 2000}
+    assert grid.slurm_request({"slurm": base | {"members_per_node": 8, "exclusive": False}}, 3) == \
+        {"slurm_extra": "--ntasks-per-node=3", "mem_mb": 3000}
+

@@ -180,6 +180,15 @@ def test_headline_is_modelled_and_says_so_without_meters():
     assert f["node_cpu_seconds_total"] == 10.0 and {r["source"] for r in rows} == {"modelled"}
 
 
+def test_hosts_that_share_a_kernel_count_their_machine_once():
+    """Namespaced nodes on one machine each read the whole machine's CPU: averaged, not added."""
+    one = [dict(_node("n1", 10.0), kernel="k"), dict(_node("n2", 12.0), kernel="k"), dict(_node("x", 5.0), kernel="j")]
+    f, _ = job_fields(one, 0.0, 20.0, ("auto",), idle_watts=40, watts_per_core=10)
+    assert f["node_cpu_seconds_total"] == pytest.approx(11.0 + 5.0) and f["hosts_per_kernel"] == 2
+    f, _ = job_fields([_node("a"), _node("b")], 0.0, 20.0, ("auto",), idle_watts=40, watts_per_core=10)
+    assert f["node_cpu_seconds_total"] == 20.0 and f["hosts_per_kernel"] == 1  # separate machines: added
+
+
 def test_measured_sources_win_and_idle_comes_from_the_idle_file(tmp_path):
     idle = tmp_path / "idle.json"
     idle.write_text(json.dumps({"watts": 30.0, "source": "rapl"}))

@@ -46,9 +46,9 @@ rule cell_mpi:
         tasks=lambda wildcards: int(wildcards.n),
         mpi=config["mpi"]["launcher"],
         cpus_per_task=cores_per_task,
-        mem_mb=lambda wildcards: int(wildcards.n) * SLURM["mem_mb_per_task"],
+        mem_mb=lambda wildcards: grid.slurm_request(config, int(wildcards.n))["mem_mb"],
         runtime=SLURM["runtime"],
-        slurm_extra=slurm_extra,
+        slurm_extra=lambda wildcards: grid.slurm_request(config, int(wildcards.n))["slurm_extra"],
     shell:
         "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
 
@@ -75,8 +75,8 @@ rule lag_cell:
         tasks=lambda wildcards: LAG_CELLS[wildcards.scheme].n,
         mpi=config["mpi"]["launcher"],
         cpus_per_task=lambda wildcards: cores_per_task(LAG_CELLS[wildcards.scheme]),
-        mem_mb=lambda wildcards: LAG_CELLS[wildcards.scheme].n * SLURM["mem_mb_per_task"],
+        mem_mb=lambda wildcards: grid.slurm_request(config, LAG_CELLS[wildcards.scheme].n)["mem_mb"],
         runtime=SLURM["runtime"],
-        slurm_extra=slurm_extra,
+        slurm_extra=lambda wildcards: grid.slurm_request(config, LAG_CELLS[wildcards.scheme].n)["slurm_extra"],
     shell:
         "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"

@@ -65,7 +65,10 @@ SUMMARY: dict[str, str] = {
     "placement": "hosts, members per host, cores, oversubscription",
     "measured_window": "the job's window (first member's start to last member's end), Unix s",
     "node_cpu_seconds": "per host: node CPU-s (mpstat or psutil) in the job's window",
-    "node_cpu_seconds_total": "their sum", "per_core_busy_percent": "per host and core: mean busy %",
+    "node_cpu_seconds_total": "their sum, each machine once (hosts that share a kernel see the same CPUs)",
+    "hosts_per_kernel": "the most hosts sharing one kernel (>1: namespaced nodes or containers on one machine, "
+                        "whose node CPU is that machine's)",
+    "per_core_busy_percent": "per host and core: mean busy %",
     "cpu_source": "mpstat, psutil or none",
     "energy_joules": "the headline energy in the job's window", "energy_source": "where it came from",
     "energy_modelled": "whether it is the power model's", "energy_by_source": "every source's joules",

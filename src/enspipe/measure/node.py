@@ -73,7 +73,7 @@ class NodeMonitor:
             self.cpu.stop()
         if self.power:
             self.power.stop()
-        out = {"host": self.host, "interval": self.interval,
+        out = {"host": self.host, "kernel": _boot_id(), "interval": self.interval,
                "cpu_source": self.cpu.source if self.cpu else None, "cpu_rows": [],
                "cpu": None, "counter_energy": {}, "power_rows": [], "unavailable": self.unavailable}
         if self.cpu:
@@ -83,6 +83,25 @@ class NodeMonitor:
             out["counter_energy"] = power.counter_energy(self.power.samples, t0, t1)
             out["power_rows"] = power.counter_power_rows(self.power.samples, self.host)
         return out
+
+
+def _boot_id() -> str:
+    """This host's kernel (its boot id): hosts that share one share the machine's CPUs and /proc/stat."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _machine_total(nodes: list[dict], per_host: dict[str, float]) -> tuple[float, int]:
+    """The job's node CPU-s, each machine counted once, and the most hosts that share one kernel.
+    Hosts on one kernel (network-namespaced nodes, containers) each see the whole machine's CPU in
+    mpstat or psutil, so their readings are one machine's, averaged, not added."""
+    kernels: dict[str, list[float]] = {}
+    for n in nodes:
+        kernels.setdefault(n.get("kernel") or n["host"], []).append(per_host[n["host"]])
+    return float(sum(sum(v) / len(v) for v in kernels.values())), max(len(v) for v in kernels.values())
 
 
 def job_fields(nodes: list[dict], t0: float, t1: float, requested: tuple[str, ...], *, idle_watts: float,
@@ -101,9 +120,11 @@ def job_fields(nodes: list[dict], t0: float, t1: float, requested: tuple[str, ..
                       node_cpu_seconds={n["host"]: n["cpu"]["node_cpu_seconds"].get(n["host"], 0.0) for n in cpu_nodes},
                       per_core_busy_percent={n["host"]: n["cpu"]["per_core_busy_percent"].get(n["host"], {})
                                              for n in cpu_nodes})
-        fields["node_cpu_seconds_total"] = float(sum(fields["node_cpu_seconds"].values()))
+        total, shared = _machine_total(cpu_nodes, fields["node_cpu_seconds"])
+        fields.update(node_cpu_seconds_total=total, hosts_per_kernel=shared)
     else:
-        fields.update(cpu_source=None, node_cpu_seconds=None, node_cpu_seconds_total=None, per_core_busy_percent=None)
+        fields.update(cpu_source=None, node_cpu_seconds=None, node_cpu_seconds_total=None, per_core_busy_percent=None,
+                      hosts_per_kernel=None)
 
     by_source: dict[str, float] = {}
     domains: dict[str, dict[str, float]] = {}

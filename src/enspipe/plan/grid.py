@@ -197,3 +197,18 @@ def lag_args(config: dict, cell: Cell, rates: str) -> list[str]:
 
 def shell_args(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
+
+
+def slurm_request(config: dict, members: int) -> dict:
+    """A cell's Slurm request for its ``members`` ranks (config ``slurm``): the extra sbatch flags
+    (whole nodes; ``members_per_node`` as ``--ntasks-per-node``, so a cell spreads over
+    ceil(members / K) nodes instead of being packed onto as few as the cores allow;
+    ``gpus_per_member`` as ``--gpus-per-task``) and the memory per node (``--mem``)."""
+    s = config.get("slurm") or {}
+    per_node = min(members, s.get("members_per_node") or members)
+    extra = ["--exclusive"] if s.get("exclusive", True) else []
+    if s.get("members_per_node"):
+        extra.append(f"--ntasks-per-node={per_node}")
+    if s.get("gpus_per_member"):
+        extra.append(f"--gpus-per-task={int(s['gpus_per_member'])}")
+    return {"slurm_extra": " ".join(extra), "mem_mb": per_node * int(s.get("mem_mb_per_task", 4000))}

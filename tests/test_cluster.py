@@ -1,0 +1,128 @@
+"""Cells across separate hosts: the namespaced Slurm cluster of `.ci/slurm-up --nodes 3`.
+
+Each node there has its own hostname, /dev/shm, IPC and network (TCP over a bridge), so node
+leaders really exchange over a network interface, and a node can crash, lose its link or lose its
+slurmd while a cell runs. The nodes share the machine's kernel and cores: their summaries say so
+(``hosts_per_kernel``), and timings here are not a cluster's."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import enspipe, manifest, step_values, summary
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+NODE = os.path.join(ROOT, ".ci", "slurm-node")
+PEER_TIMEOUT = 5
+SLURM_REACTION = 60  # s: SlurmdTimeout (20 in .ci/slurm-up) + its ping cycle + the job's kill
+
+
+def _nodes() -> list[str]:
+    if not shutil.which("sinfo") or not os.path.isdir("/run/netns"):
+        return []
+    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True)
+    names = sorted(set(r.stdout.split())) if r.returncode == 0 else []
+    return [n for n in names if n.startswith("node") and os.path.exists(f"/run/netns/enspipe-{n}")]
+
+
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
+    len(_nodes()) < 3, reason="no namespaced Slurm cluster of 3 nodes here (`.ci/slurm-up --nodes 3` starts one, "
+    "as root, where network namespaces can be made)")]
+
+
+@pytest.fixture(autouse=True)
+def _all_nodes_idle():
+    """Every node up before a test (a fault test brings its node back, but Slurm may lag)."""
+    for i in range(1, 4):
+        _node("wait", i, "idle")
+
+
+def _cell_args(data, out, scheme: str, steps: int, *extra) -> list:
+    return ["run", "--data", data, "--out", out, "--scheme", scheme, "--consumer", "peak", "--batch-size", 10,
+            "--image-size", 40, "--warmup", 2, "--steps", steps, "--peer-timeout", PEER_TIMEOUT, *extra]
+
+
+def _srun(nodes: int, per_node: int, args: list) -> list[str]:
+    return ["srun", "-N", str(nodes), "-n", str(nodes * per_node), f"--ntasks-per-node={per_node}", "--mpi=pmi2",
+            "--kill-on-bad-exit=1", sys.executable, "-m", "enspipe", *map(str, args)]
+
+
+@pytest.mark.parametrize("nodes, per_node, scheme", [(3, 1, "all_shared"), (2, 2, "all_shared"),
+                                                     (2, 2, "hierarchical")])
+def test_a_cell_spans_separate_hosts_with_the_one_node_batches(dataset, tmp_path, nodes, per_node, scheme):
+    out, ref = tmp_path / "cluster", tmp_path / "one"
+    r = subprocess.run(_srun(nodes, per_node, _cell_args(dataset, out, scheme, 10, "--batch-checksums")),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(out)
+    hosts = [x["host"] for x in s["ranks"]]
+    assert len(set(hosts)) == nodes and all(hosts.count(h) == per_node for h in set(hosts))
+    assert sorted(os.listdir(out)).count("mpstat.node1.json") + sorted(os.listdir(out)).count(
+        "psutil-cpu.node1.jsonl") == 1  # one CPU monitor per host, named by it
+    assert sorted(s["node_cpu_seconds"]) == sorted(set(hosts)) and s["hosts_per_kernel"] == nodes
+    leaders = [x for x in s["ranks"] if any("mpi" in path for path in x["exchange_paths"].values())]
+    assert {x["host"] for x in leaders} == set(hosts)  # each host's leader crosses the network
+    if per_node > 1:  # the others take node-shared memory only
+        assert all(set(x["exchange_paths"].values()) == {"node-shm"} for x in s["ranks"] if x not in leaders)
+    whole = [e for x in s["ranks"] for e in x["epochs"] if not e.get("partial")]
+    assert whole and all(e["count"] == manifest(dataset)["num_images"] and e["missing"] == 0 for e in whole)
+    r = enspipe(*_cell_args(dataset, ref, scheme, 10, "--batch-checksums", "--no-node-shm"), n=nodes * per_node)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in range(nodes * per_node):
+        steps = 2 + 10  # warm-up and measured: drain steps past them may differ in number
+        assert step_values(out, rank, "batch_checksum")[:steps] == step_values(ref, rank, "batch_checksum")[:steps]
+
+
+def _started(out, ranks: int, timeout: float = 120) -> None:
+    """Wait until every rank has logged a measured step."""
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        try:
+            if all(step_values(out, r) for r in range(ranks)):
+                return
+        except (OSError, json.JSONDecodeError, KeyError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the cell did not start within {timeout} s")
+
+
+def _node(*args) -> None:
+    subprocess.run(["bash", NODE, *map(str, args)], check=True, timeout=180)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, restore", [("crash", "start"), ("partition", "heal"), ("stop-slurmd", "start")])
+def test_a_lost_node_fails_the_cell_and_a_rerun_completes(dataset, tmp_path, fault, restore):
+    """A node crash (every process in its namespace killed), a partition (its link down) or its
+    slurmd stopped: the cell ends within the peer timeout plus Slurm's reaction, writes no
+    summary, keeps its logs; once the node is back, the same cell runs to the end."""
+    out = tmp_path / "cell"
+    cell = subprocess.Popen(_srun(3, 1, _cell_args(dataset, out, "all_shared", 100000)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _started(out, 3)
+        t = time.monotonic()
+        _node(fault, 2)
+        _, err = cell.communicate(timeout=PEER_TIMEOUT + SLURM_REACTION + 60)
+        took = time.monotonic() - t
+    finally:
+        if cell.poll() is None:
+            cell.kill()
+        _node(restore, 2)
+        for i in range(1, 4):  # the killed job's steps cleaned up everywhere
+            _node("wait", i, "idle")
+    said = [line for line in err.splitlines() if line.startswith(("srun:", "enspipe:"))]
+    print(f"{fault}: the cell ended {took:.1f} s after the fault (rc {cell.returncode}): {' | '.join(said[-3:])}")
+    assert "node2" in err or list(out.glob("error.rank*.txt")), err[-2000:]  # the reason is kept
+    assert cell.returncode != 0 and took <= PEER_TIMEOUT + SLURM_REACTION, (took, err[-2000:])
+    assert not (out / "summary.json").exists()
+    assert all((out / f"events.rank{r:04d}.jsonl").exists() for r in range(3))  # the logs are kept
+    rerun = tmp_path / "rerun"
+    args = _cell_args(dataset, rerun, "all_shared", 10)
+    r = subprocess.run(_srun(3, 1, args[:args.index("--peer-timeout")]), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len({x["host"] for x in summary(rerun)["ranks"]}) == 3
