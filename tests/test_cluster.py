@@ -126,3 +126,26 @@ def test_a_lost_node_fails_the_cell_and_a_rerun_completes(dataset, tmp_path, fau
     r = subprocess.run(_srun(3, 1, args[:args.index("--peer-timeout")]), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert len({x["host"] for x in summary(rerun)["ranks"]}) == 3
+
+
+@pytest.mark.slow
+def test_the_workflow_spreads_cells_and_a_fleet_arm_over_nodes(tmp_path):
+    """config/cluster.yaml through `snakemake --profile slurm`: one member per node (the paper's
+    layout, an experiment's members_per_node), two per node on two nodes (slurm.members_per_node),
+    hierarchical, and FLEET's arms in one allocation over two nodes."""
+    from test_workflow import snakemake
+
+    r = snakemake("--profile", "slurm", "--configfile", os.path.join(ROOT, "config", "cluster.yaml"),
+                  "--slurm-no-account", "--slurm-status-command", "squeue", workdir=tmp_path, timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    runs = tmp_path / "results" / "runs" / "alexnet_v2"
+    for cell, per_host in (("all_shared/n3_p3", 1), ("baseline/n3_p3", 1), ("all_shared/n4_p4", 2),
+                           ("hierarchical/n4_p4", 2)):
+        s = summary(runs / cell / "c1" / "peak" / "rep0")
+        hosts = [x["host"] for x in s["ranks"]]
+        assert all(hosts.count(h) == per_host for h in hosts) and len(set(hosts)) == s["n"] // per_host, cell
+        assert s["delivery"]["exactly_once"] and s["slurm"]["ntasks"] == str(s["n"]), cell
+        if cell.startswith("hierarchical"):
+            assert sum("node-shm+mpi" in x["exchange_paths"].values() for x in s["ranks"]) == 2  # the leaders
+    rounds = sorted((tmp_path / "results" / "heterogeneous" / "fleet").glob("round*/summary.json"))
+    assert rounds and all(len({x["host"] for x in summary(p.parent)["ranks"]}) == 2 for p in rounds)

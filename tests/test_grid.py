@@ -231,4 +231,15 @@ def test_a_cells_slurm_request_spreads_members_over_nodes():
     assert spread == {"slurm_extra": "--exclusive --ntasks-per-node=2 --gpus-per-task=1", "mem_mb": 2000}
     assert grid.slurm_request({"slurm": base | {"members_per_node": 8, "exclusive": False}}, 3) == \
         {"slurm_extra": "--ntasks-per-node=3", "mem_mb": 3000}
+    assert grid.slurm_request({"slurm": base}, 4, per_node=1)["slurm_extra"] == "--exclusive --ntasks-per-node=1"
+
+
+def test_an_experiment_places_its_own_cells_and_a_conflict_is_named():
+    cfg = _config("test")
+    cfg["experiments"]["training"]["members_per_node"] = 1
+    placed = grid.members_per_node(cfg)
+    assert placed and set(placed.values()) == {1} and all(c.consumer == "emulated" and c.n == 2 for c in placed)
+    cfg["experiments"]["again"] = dict(cfg["experiments"]["training"], members_per_node=2)
+    with pytest.raises(grid.GridError, match="members_per_node"):
+        grid.members_per_node(cfg)
 

@@ -46,9 +46,9 @@ rule cell_mpi:
         tasks=lambda wildcards: int(wildcards.n),
         mpi=config["mpi"]["launcher"],
         cpus_per_task=cores_per_task,
-        mem_mb=lambda wildcards: grid.slurm_request(config, int(wildcards.n))["mem_mb"],
+        mem_mb=lambda wildcards: cell_slurm(wildcards)["mem_mb"],
         runtime=SLURM["runtime"],
-        slurm_extra=lambda wildcards: grid.slurm_request(config, int(wildcards.n))["slurm_extra"],
+        slurm_extra=lambda wildcards: cell_slurm(wildcards)["slurm_extra"],
     shell:
         "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
 

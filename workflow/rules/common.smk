@@ -35,6 +35,7 @@ if config["dataset"].get("path"):  # the data stage reads it: refuse a wrong one
 
 try:
     CELLS, GRID_NOTES = grid.expand(config)
+    PER_NODE = grid.members_per_node(config)  # cells whose experiment spreads them its own way
     LAG_CELLS = {c.scheme: c for c in grid.lag_cells(config)}
 except grid.GridError as e:
     raise WorkflowError(f"config: {e}") from None
@@ -89,6 +90,11 @@ wildcard_constraints:
 def cell_of(wildcards, n=None):
     fields = {k: getattr(wildcards, k) for k in grid.CELL_FIELDS if k != "n"}
     return grid.Cell.of(dict(fields, n=n or wildcards.n))
+
+
+def cell_slurm(wildcards) -> dict:
+    """The cell's Slurm request: extra flags and memory per node (grid.slurm_request)."""
+    return grid.slurm_request(config, int(wildcards.n), PER_NODE.get(cell_of(wildcards)))
 
 
 def cell_inputs(wildcards):

@@ -86,9 +86,9 @@ rule ensemble_arm:
     resources:
         tasks=lambda wildcards: HET["ensemble"]["accelerators"],
         mpi=config["mpi"]["launcher"],
-        mem_mb=lambda wildcards: HET["ensemble"]["accelerators"] * SLURM["mem_mb_per_task"],
+        mem_mb=lambda wildcards: grid.slurm_request(config, HET["ensemble"]["accelerators"])["mem_mb"],
         runtime=SLURM["runtime"],
-        slurm_extra=slurm_extra,
+        slurm_extra=lambda wildcards: grid.slurm_request(config, HET["ensemble"]["accelerators"])["slurm_extra"],
     shell:
         "{params.enspipe} ensemble --spec {input.spec} --arm {wildcards.arm} --data {params.data} "
         "--out {params.out} --batch-size {params.batch} {params.options}--launcher '{resources.mpi}' -- "

@@ -71,20 +71,7 @@ def expand(config: dict) -> tuple[list[Cell], list[str]]:
     out: set[Cell] = set()
     notes: list[str] = []
     for name, exp in config["experiments"].items():
-        made, dropped = set(), {}
-        for network in exp["networks"]:
-            batch = batch_size(config, network)
-            for scheme in exp["schemes"]:
-                for n in exp["n"]:
-                    ps = exp.get("p") or [None] if takes_p(scheme) else [n]
-                    for p in ps:
-                        why = invalid(scheme, n, p, batch)
-                        if why:
-                            dropped.setdefault(why, []).append(f"{network} {scheme} n={n} p={p}")
-                            continue
-                        for cores in exp.get("cores", ["all"]):
-                            for rep in range(int(exp.get("repeats", config.get("repeats", 1)))):
-                                made.add(Cell(network, scheme, n, p, _cores(cores), exp["consumer"], rep))
+        made, dropped = _experiment_cells(config, exp)
         rules = "; ".join(f"{why}: {', '.join(combos)}" for why, combos in dropped.items())
         if not made:
             raise GridError(f"experiments.{name}: no valid cell: {rules}")
@@ -93,6 +80,40 @@ def expand(config: dict) -> tuple[list[Cell], list[str]]:
             notes.append(f"experiments.{name}: {k} invalid combination{'s' * (k > 1)} left out ({rules})")
         out |= made
     return sorted(out), notes
+
+
+def _experiment_cells(config: dict, exp: dict) -> tuple[set[Cell], dict[str, list[str]]]:
+    """One experiment's valid cells, and its invalid combinations by the rule they break."""
+    made, dropped = set(), {}
+    for network in exp["networks"]:
+        batch = batch_size(config, network)
+        for scheme in exp["schemes"]:
+            for n in exp["n"]:
+                ps = exp.get("p") or [None] if takes_p(scheme) else [n]
+                for p in ps:
+                    why = invalid(scheme, n, p, batch)
+                    if why:
+                        dropped.setdefault(why, []).append(f"{network} {scheme} n={n} p={p}")
+                        continue
+                    for cores in exp.get("cores", ["all"]):
+                        for rep in range(int(exp.get("repeats", config.get("repeats", 1)))):
+                            made.add(Cell(network, scheme, n, p, _cores(cores), exp["consumer"], rep))
+    return made, dropped
+
+
+def members_per_node(config: dict) -> dict[Cell, int]:
+    """The cells whose experiment sets its own ``members_per_node`` (Slurm's ``--ntasks-per-node``),
+    and that number. Raises :class:`GridError` for a cell two experiments place differently."""
+    out: dict[Cell, int] = {}
+    for name, exp in config["experiments"].items():
+        if exp.get("members_per_node") is None:
+            continue
+        for cell in _experiment_cells(config, exp)[0]:
+            k = int(exp["members_per_node"])
+            if out.setdefault(cell, k) != k:
+                raise GridError(f"experiments.{name}: cell {cell.name} is also in an experiment with "
+                                f"members_per_node {out[cell]}, not {k}; give the cell one placement")
+    return out
 
 
 def cells(config: dict) -> list[Cell]:
@@ -199,15 +220,17 @@ def shell_args(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
-def slurm_request(config: dict, members: int) -> dict:
+def slurm_request(config: dict, members: int, per_node: int | None = None) -> dict:
     """A cell's Slurm request for its ``members`` ranks (config ``slurm``): the extra sbatch flags
-    (whole nodes; ``members_per_node`` as ``--ntasks-per-node``, so a cell spreads over
-    ceil(members / K) nodes instead of being packed onto as few as the cores allow;
-    ``gpus_per_member`` as ``--gpus-per-task``) and the memory per node (``--mem``)."""
+    (whole nodes; ``members_per_node``, or ``per_node`` where its experiment sets it, as
+    ``--ntasks-per-node``, so a cell spreads over ceil(members / K) nodes instead of being packed
+    onto as few as the cores allow; ``gpus_per_member`` as ``--gpus-per-task``) and the memory per
+    node (``--mem``)."""
     s = config.get("slurm") or {}
-    per_node = min(members, s.get("members_per_node") or members)
+    spread = per_node or s.get("members_per_node")
+    per_node = min(members, spread or members)
     extra = ["--exclusive"] if s.get("exclusive", True) else []
-    if s.get("members_per_node"):
+    if spread:
         extra.append(f"--ntasks-per-node={per_node}")
     if s.get("gpus_per_member"):
         extra.append(f"--gpus-per-task={int(s['gpus_per_member'])}")
