@@ -96,3 +96,18 @@ def test_across_nodes_equals_mpi_collectives_on_one_node(dataset, alone, tmp_pat
     assert all(p == "mpi" for rank in summary(tmp_path)["ranks"] for p in rank["exchange_paths"].values())
     for rank in range(4):
         assert step_values(tmp_path, rank, "batch_checksum") == alone
+
+
+def test_hosts_on_one_kernel_share_its_cores():
+    """Namespaced nodes or containers on one machine: their members together may oversubscribe it."""
+    from enspipe.run.placement import _machine_oversubscription
+
+    hosts = {"n1": {"members": 2, "cpus": 2, "kernel": "k", "oversubscribed": False},
+             "n2": {"members": 2, "cpus": 2, "kernel": "k", "oversubscribed": False},
+             "x": {"members": 2, "cpus": 2, "kernel": "j", "oversubscribed": False}}
+    _machine_oversubscription(hosts, None)
+    assert [h["oversubscribed"] for h in hosts.values()] == [True, True, False]
+    alone = {"n1": {"members": 1, "cpus": 4, "kernel": "k", "oversubscribed": False},
+             "n2": {"members": 1, "cpus": 4, "kernel": "k", "oversubscribed": False}}
+    _machine_oversubscription(alone, 2)
+    assert not any(h["oversubscribed"] for h in alone.values())

@@ -85,6 +85,13 @@ def test_fit_recovers_latency_and_bandwidth():
                   "copy_s": (1 << 20) / 8e9})
     assert c.alpha == pytest.approx(alpha, rel=1e-6) and c.bandwidth == pytest.approx(bw, rel=1e-6)
     assert c.copy_bandwidth == pytest.approx(8e9) and c.alpha_node == 5e-6
+    assert c.inter_node_bandwidth == CommCosts().inter_node_bandwidth  # one node: the parameter's
+    inter = [{"bytes": m, "allgather_s": 2 * 50e-6 + 2 / 3 * m / 1e8, "bcast_s": 2 * (50e-6 + m / 1e8)}
+             for m in (1 << 16, 1 << 20, 1 << 24)]  # 3 nodes, 100 MB/s between them
+    c = fit_comm({"ranks": p, "hosts": ["a", "b", "c"], "rows": rows, "barrier_s": 5e-6, "copy_bytes": 1 << 20,
+                  "copy_s": (1 << 20) / 8e9, "inter_node": {"ranks": 3, "rows": inter}}, 12.5e9)
+    assert c.inter_node_bandwidth == pytest.approx(1e8, rel=1e-6) and c.bandwidth == pytest.approx(bw, rel=1e-6)
+    assert "inter-node measured between 3 nodes" in c.source
 
 
 def test_a_unit_pays_the_node_barrier_once_for_its_batches():

@@ -180,8 +180,8 @@ def _calibrate_comm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-mb", type=positive_int, default=32, help="the largest payload timed, MiB")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per payload (the median counts)")
     p.add_argument("--inter-node-gbps", type=float, default=None,
-                   help="the inter-node bandwidth in Gb/s for multi-node predictions (one node cannot measure it; "
-                        "default: 100, InfiniBand EDR)")
+                   help="the inter-node bandwidth in Gb/s for multi-node predictions where the ranks are on one "
+                        "node (default: 100, InfiniBand EDR); on several nodes (2+ ranks each) it is measured")
 
 
 def _calibrate_comm(a: argparse.Namespace, fail: Fail) -> int:
@@ -198,12 +198,17 @@ def _calibrate_comm(a: argparse.Namespace, fail: Fail) -> int:
     comm = MPI.COMM_WORLD
     if comm.Get_size() < 2:
         fail("needs at least 2 ranks: run it under mpiexec -n 2 (or more)")
-    measured = measure_collectives(comm, a.max_mb << 20, a.repeats)
+    try:
+        measured = measure_collectives(comm, a.max_mb << 20, a.repeats)
+    except ValueError as e:
+        fail(str(e))
     if comm.Get_rank() == 0:
         costs = fit_comm(measured, a.inter_node_gbps * 1e9 / 8 if a.inter_node_gbps else None)
         write_json_atomic(a.out, costs.as_dict() | {"measured": measured})
+        inter = "measured" if "inter_node" in measured else "assumed"
         _say(f"alpha {costs.alpha * 1e6:.1f} us, MPI {costs.bandwidth / 1e9:.2f} GB/s, copy "
-             f"{costs.copy_bandwidth / 1e9:.2f} GB/s, node sync {costs.alpha_node * 1e6:.1f} us -> {a.out}")
+             f"{costs.copy_bandwidth / 1e9:.2f} GB/s, node sync {costs.alpha_node * 1e6:.1f} us, inter-node "
+             f"{costs.inter_node_bandwidth / 1e9:.2f} GB/s ({inter}) -> {a.out}")
     return 0
 
 

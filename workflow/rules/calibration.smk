@@ -63,7 +63,8 @@ rule rates:
 
 
 rule calibrate_comm:
-    """The collectives' latency and bandwidth and the memory copy's, timed on two ranks and fitted
+    """The collectives' latency and bandwidth and the memory copy's, timed on two ranks (on two
+    nodes, two ranks each, where cells spread over nodes: the network timed too) and fitted
     (enspipe calibrate-comm): the cost model's collective costs, beside rates.json."""
     output:
         comm=COMM,
@@ -75,12 +76,12 @@ rule calibrate_comm:
         "results/logs/calibration/comm.log",
     threads: exclusive_threads
     resources:
-        tasks=2,
+        tasks=COMM_TASKS,
         mpi=config["mpi"]["launcher"],
         cpus_per_task=1,
-        mem_mb=2 * SLURM["mem_mb_per_task"],
+        mem_mb=grid.slurm_request(config, COMM_TASKS, 2)["mem_mb"],
         runtime=SLURM["runtime"],
-        slurm_extra=slurm_extra,
+        slurm_extra=grid.slurm_request(config, COMM_TASKS, 2)["slurm_extra"],
     shell:
         "{resources.mpi} -n {resources.tasks} {params.enspipe} calibrate-comm --max-mb 16 --repeats 5 "
         "--out {output.comm} > {log} 2>&1"

@@ -52,6 +52,9 @@ PAPER_CONFIG = os.path.join(workflow.basedir, "config", "paper.yaml")  # its mod
 IDLE = "results/idle/power.json"
 TABLE = "results/tables/cells.csv"
 SLURM = config.get("slurm", {})
+# its ranks: 2 on one node; where cells spread over nodes, 2 on each of 2 (the network timed too)
+COMM_TASKS = 4 if SLURM.get("members_per_node") or any(
+    e.get("members_per_node") for e in config["experiments"].values()) else 2
 HET = config.get("heterogeneous")  # a heterogeneous ensemble (FLEET), trained by each of its arms
 HET_DATA = "results/heterogeneous/dataset"
 ENSEMBLES = []

@@ -5,6 +5,10 @@ all-gather of ``m`` bytes in all (``m / N`` from each rank), a broadcast of ``m`
 and an empty barrier; rank 0 also times one core's memory copy of ``max_bytes``. Each is the
 median of ``repeats`` timed runs after one untimed one, and a collective's time is the slowest
 rank's. :func:`enspipe.plan.model.fit_comm` turns the table into latency and bandwidth.
+
+Where the ranks span several nodes (say ``srun -N 2 --ntasks-per-node=2``), the table is timed
+within each node (its ranks together, every node at once) and, as ``inter_node``, between the
+nodes' first ranks: the inter-node latency and bandwidth, measured instead of assumed.
 """
 from __future__ import annotations
 
@@ -33,6 +37,31 @@ def _max():
 
 def measure_collectives(comm, max_bytes: int = 32 << 20, repeats: int = 5) -> dict:
     """The timings (rank 0's copy of the table; every rank returns it)."""
+    from mpi4py import MPI
+
+    hosts = comm.allgather(platform.node())
+    if len(set(hosts)) == 1:
+        return _table(comm, max_bytes, repeats) | {"hosts": sorted(set(hosts))}
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    sizes = comm.allgather(node.Get_size())
+    if min(sizes) < 2:
+        raise ValueError(f"several nodes, but some with one rank ({sizes}): launch at least 2 ranks per node "
+                         "(e.g. srun -N 2 --ntasks-per-node=2) so that both the node and the network are timed")
+    within = _table(node, max_bytes, repeats)
+    leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, key=comm.Get_rank())
+    between = _table(leaders, max_bytes, repeats) if leaders != MPI.COMM_NULL else None
+    node.Free()
+    between = comm.bcast(between, root=0)  # world rank 0 leads its node
+    within_all = comm.gather(within["rows"], root=0)
+    if comm.Get_rank() == 0:  # a collective's time within a node: the slowest node's
+        within["rows"] = [max(rs, key=lambda r: r["allgather_s"]) | {"bcast_s": max(r["bcast_s"] for r in rs)}
+                          for rs in zip(*within_all)]
+    within = comm.bcast(within, root=0)
+    return within | {"hosts": sorted(set(hosts)), "inter_node": {"ranks": between["ranks"], "rows": between["rows"]}}
+
+
+def _table(comm, max_bytes: int, repeats: int) -> dict:
+    """All-gathers and broadcasts by payload, the barrier and one core's copy, on ``comm``."""
     p = comm.Get_size()
     sizes = [s for s in (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20) if s <= max_bytes] or [max_bytes]
     rows = []
@@ -52,6 +81,5 @@ def measure_collectives(comm, max_bytes: int = 32 << 20, repeats: int = 5) -> di
         np.copyto(dst, src)
         copy.append(time.perf_counter() - t)
     copy_s = float(np.median(copy[1:]))
-    hosts = comm.allgather(platform.node())
-    return {"ranks": p, "hosts": sorted(set(hosts)), "repeats": repeats, "rows": rows, "barrier_s": barrier,
+    return {"ranks": p, "repeats": repeats, "rows": rows, "barrier_s": barrier,
             "copy_bytes": int(src.nbytes), "copy_s": copy_s, "time": time.time()}

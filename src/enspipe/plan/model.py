@@ -328,15 +328,30 @@ def fit_comm(measured: dict, inter_node_bandwidth: float | None = None, source: 
     """Latency and bandwidth from :func:`enspipe.exchange.calibrate.measure_collectives`' table:
     a least-squares fit of the module's all-gather and (MPICH-chosen) broadcast formulas together (one alpha, one
     bandwidth; the ranks' own, intra-node MPI), the barrier as the node-shared-memory
-    synchronisation, and the copy's bandwidth. One node cannot measure the inter-node bandwidth:
-    it is the parameter given (or the default's)."""
-    import numpy as np
-
+    synchronisation, and the copy's bandwidth. The inter-node bandwidth is fitted the same way from
+    the ``inter_node`` table where the ranks spanned nodes; one node cannot measure it: then it is
+    the parameter given (or the default's)."""
     p = int(measured["ranks"])
     if p < 2:
         raise ValueError("a fit needs timings from at least 2 ranks")
+    alpha, bw = _fit_rows(p, measured["rows"])
+    between = measured.get("inter_node")
+    if between:  # measured between the nodes' first ranks: it wins over a given parameter
+        inter_node_bandwidth = _fit_rows(int(between["ranks"]), between["rows"])[1]
+    hosts = ", ".join(measured["hosts"])
+    return CommCosts(alpha=alpha, bandwidth=bw, copy_bandwidth=measured["copy_bytes"] / measured["copy_s"],
+                     alpha_node=float(measured["barrier_s"]),
+                     inter_node_bandwidth=inter_node_bandwidth or CommCosts().inter_node_bandwidth,
+                     source=source or (f"fitted on {hosts} ({p} ranks per node, inter-node measured between "
+                                       f"{between['ranks']} nodes)" if between else f"fitted on {hosts} ({p} ranks)"))
+
+
+def _fit_rows(p: int, table: list[dict]) -> tuple[float, float]:
+    """(alpha, bandwidth) of one table of all-gather and broadcast timings on ``p`` ranks."""
+    import numpy as np
+
     rows, times = [], []
-    for r in measured["rows"]:
+    for r in table:
         m = float(r["bytes"])
         rows.append([p - 1, (p - 1) / p * m])
         times.append(r["allgather_s"])
@@ -345,12 +360,7 @@ def fit_comm(measured: dict, inter_node_bandwidth: float | None = None, source: 
         times.append(r["bcast_s"])
     (alpha, inv_bw), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
     if inv_bw <= 0:  # the payloads were too small to show a bandwidth: fit the largest alone
-        big = max(measured["rows"], key=lambda r: r["bytes"])
+        big = max(table, key=lambda r: r["bytes"])
         inv_bw = big["allgather_s"] / ((p - 1) / p * big["bytes"])
         alpha = 0.0
-    defaults = CommCosts()
-    return CommCosts(alpha=max(0.0, float(alpha)), bandwidth=1.0 / float(inv_bw),
-                     copy_bandwidth=measured["copy_bytes"] / measured["copy_s"],
-                     alpha_node=float(measured["barrier_s"]),
-                     inter_node_bandwidth=inter_node_bandwidth or defaults.inter_node_bandwidth,
-                     source=source or f"fitted on {', '.join(measured['hosts'])} ({p} ranks)")
+    return max(0.0, float(alpha)), 1.0 / float(inv_bw)

@@ -38,7 +38,8 @@ ROW_COLUMNS = (  # one cell's own summary (cell_row)
     "idle_watts", "idle_source", "energy_modelled_joules",
     "queue_preprocessing_mean", "queue_compute_mean", "epochs_exact", "hosts", "machine", "summary",
     "warmup_steps", "steady", "window_balance", "starved_fraction",
-    "members_per_host", "host_cpus", "cores_per_member", "oversubscribed", "node_vs_process_cpu", "node_quiet",
+    "members_per_host", "host_cpus", "cores_per_member", "oversubscribed", "hosts_per_kernel", "node_vs_process_cpu",
+    "node_quiet",
     "exactly_once", "distinct_min", "window_samples", "skipped_samples", "planned",
 )
 COLUMNS = ROW_COLUMNS + (  # and against its baseline (add_reductions)
@@ -155,7 +156,8 @@ def _placement(s: dict, ranks: list[dict]) -> dict:
     limit = s.get("cores") or cpus
     return {"members_per_host": members, "host_cpus": cpus,
             "cores_per_member": min(limit, share) if share and limit else None,
-            "oversubscribed": p.get("oversubscribed", any(r.get("sharing_cores") for r in ranks))}
+            "oversubscribed": p.get("oversubscribed", any(r.get("sharing_cores") for r in ranks)),
+            "hosts_per_kernel": s.get("hosts_per_kernel")}
 
 
 def _quiet(node_cpu: float | None, process_cpu: float) -> dict:

@@ -57,6 +57,9 @@ def _why_not(row, rates: dict) -> str | None:
         return "the train consumer's training shares the CPU with preprocessing: not modelled"
     if row["network"] not in (rates or {}).get("networks", {}):
         return f"no calibrated rp for {row['network']}"
+    if pd.notna(row.get("hosts_per_kernel")) and int(row["hosts_per_kernel"]) > 1:
+        return (f"its {int(row['hosts_per_kernel'])} hosts share one machine's cores (namespaced nodes): "
+                "the model gives each host its own")
     return None
 
 

@@ -88,8 +88,23 @@ def place(comm, MPI, cores_per_member: int | None) -> Placement:
     any_sharing = host_comm.allreduce(sharing, op=MPI.LOR)
     nodes = len(set(host_comm.allgather(mpi_node)))
     host_comm.Free()
-    info = {label: {"members": members, "cpus": host_cpus, "mpi_nodes": nodes, "oversubscribed": any_sharing}}
+    info = {label: {"members": members, "cpus": host_cpus, "mpi_nodes": nodes, "oversubscribed": any_sharing,
+                    "kernel": key[1][:8]}}
     hosts: dict = {}
     for d in comm.allgather(info if host_rank == 0 else {}):
         hosts.update(d)
+    _machine_oversubscription(hosts, cores_per_member)
     return Placement(label, host_rank, members, host_cpus, mpi_node, cores, sharing, hosts)
+
+
+def _machine_oversubscription(hosts: dict, cores_per_member: int | None) -> None:
+    """Hosts on one kernel (namespaced nodes, containers) share that machine's cores: where their
+    members together want more cores than it has, every one of them is oversubscribed."""
+    by_kernel: dict[str, list[dict]] = {}
+    for h in hosts.values():
+        by_kernel.setdefault(h["kernel"], []).append(h)
+    for group in by_kernel.values():
+        wanted = sum(h["members"] for h in group) * (cores_per_member or 1)
+        if len(group) > 1 and wanted > max(h["cpus"] for h in group):
+            for h in group:
+                h["oversubscribed"] = True
