@@ -1,5 +1,4 @@
-"""``enspipe`` command line: make-dataset, convert, index, stage, run, calibrate-rc, calibrate-comm, idle-power, plan,
-ensemble.
+"""enspipe: train DNN ensembles that share one preprocessed input stream; a subcommand per step.
 
 Each subcommand is one entry of :data:`COMMANDS`: its help, the function that declares its
 arguments and the function that runs it. Arguments are validated before any MPI or TensorFlow

@@ -42,9 +42,8 @@ def _service(scheme: str) -> bool:
 class StreamOptions:
     """The stream: what the members read, how they preprocess it and how they share the work."""
 
-    scheme: str = option("baseline", "how members share preprocessing: " + "; ".join(
-        f"{k}: {kind.summary}" for k, kind in SCHEME_KINDS.items()) + f"; {AUTO}: the cost model's choice of scheme "
-        "and P for these members (enspipe plan; needs --rate-from, the calibration)", choices=SCHEMES)
+    scheme: str = option("baseline", "how members share preprocessing (the README's scheme table); auto: the cost "
+                         "model's choice of scheme and P (needs --rate-from)", choices=SCHEMES)
     preprocessors: int | None = option(None, "P, the preprocessing members, for " + " / ".join(
         k for k, kind in SCHEME_KINDS.items() if kind.takes_p) + " (P = N for the others)", parse=positive_int)
     batch_size: int | None = option(None, "global batch; None: the network's, as in the paper", parse=positive_int)
@@ -55,12 +54,8 @@ class StreamOptions:
                                  "quarter of a TFRecord dataset is used", parse=positive_int)
     queue_depth: int = option(4, "capacity of each bounded stage queue, in batches", parse=positive_int)
     block_images: int = option(DEFAULT_BLOCK_IMAGES, "images a member preprocesses and exchanges at a time, at "
-                               "least: it takes ceil(this / its share) consecutive global batches together (at "
-                               "most 8), so a small share of each batch pays tf.data's and the collective's fixed "
-                               "costs as rarely as the baseline's whole batch does; 1: one batch at a time. The unit "
-                               "is then cut to the largest that divides --steps, so the measured window is whole "
-                               "units. The batches are the same either way; --on-corrupt skip takes one at a time",
-                               parse=positive_int)
+                               "least (up to 8 batches together; 1: one batch at a time); the batches are the same "
+                               "either way", parse=positive_int)
     fast_mode: bool = option(False, "TF-Slim's inception fast_mode (off in the paper)")
     wire_dtype: str = option("float32", "element type of preprocessed images on the wire; uint8 quantises after "
                              "preprocessing: 4x less traffic, lossy by 1/255 of the range", choices=WIRE_DTYPES)
@@ -68,10 +63,8 @@ class StreamOptions:
                             "(the build of `make horovod`)", choices=TRANSPORTS)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
-    malloc: str = option("keep", "keep: the members' malloc reuses freed images' pages instead of mapping and "
-                         "faulting them in afresh (each 224 px image is 588 KiB; on a VM the faults were half "
-                         "the CPU per image); system: malloc as the environment set it "
-                         "(enspipe.run.memory)", choices=MALLOC_POLICIES)
+    malloc: str = option("keep", "keep: malloc reuses freed images' pages instead of faulting fresh ones in; "
+                         "system: malloc as the environment set it", choices=MALLOC_POLICIES)
     plan_comm: str | None = option(None, "--scheme auto only: enspipe calibrate-comm's comm.json, the collective "
                                    "costs the plan uses (default: assumed ones, labelled so)")
 
@@ -109,9 +102,8 @@ class TrainingOptions:
                                     "learning rate and initialisation seed, as in the paper)",
                                     parse=numbers, flag="--lr", metavar="LR[,LR...]")
     data_parallel: tuple[int, ...] = option(
-        (1,), "accelerators (ranks) per member, G for every member or G1,G2,... one per member: a member is "
-        "consecutive ranks that split each delivered batch and all-reduce gradients (FLEET's data-parallel "
-        "members; train or emulated consumers); the job's ranks are their sum", parse=counts, metavar="G[,G...]")
+        (1,), "ranks per member (G, or G1,G2,... one per member): a member's ranks split each batch and "
+        "all-reduce gradients; the job's ranks are their sum", parse=counts, metavar="G[,G...]")
     members_per_rank: int = option(
         1, "ensemble members each rank hosts (Crossbow's several models per accelerator): K models in one process "
         "trained on every delivered batch, no exchange between them; the ensemble has ranks x K members",
@@ -198,9 +190,8 @@ class MemberLives:
         None, "each member's name (A,B,...; default m0,m1,...): its directory under --checkpoint-dir",
         parse=names, metavar="NAME[,NAME...]")
     checkpoint_dir: str | None = option(
-        None, "each member saves its state at each of its epoch ends under DIR/<name> (a TensorFlow checkpoint of "
-        "its weights and optimizer when it trains, and state.json: epochs, images, validation history) and, "
-        "started again, resumes from it; needs --member-epochs (the epochs to train in this run)")
+        None, "each member saves its state at its epoch ends under DIR/<name> and, started again, resumes from "
+        "it; needs --member-epochs")
     validation_data: str | None = option(
         None, "a dataset (enspipe make-dataset) each training member evaluates its loss on at each epoch end "
         "(Slim's evaluation preprocessing, in order)")
@@ -306,9 +297,7 @@ class FaultOptions:
     """The faults: corrupt records, and members that go unheard."""
 
     on_corrupt: str = option("fail", "an undecodable image or a corrupt record: fail naming it, or skip it and "
-                             "count it (only it: the rest of its shard is still read); either way an epoch short "
-                             "of the manifest's, beyond what was skipped, fails naming the shards",
-                             choices=ON_CORRUPT)
+                             "count it", choices=ON_CORRUPT)
     peer_timeout: float = option(10.0, "seconds a member may go unheard (the heartbeat ring) before the job "
                                  "counts it lost and aborts", parse=float)
 
