@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --report results/report.html
+	$(BIN)/enspipe summarize --results results
 
 cell: $(STAMP)
 	@test -n "$(CELL)" || { echo "make cell CELL=network/scheme/nN_pP/cC/consumer/repR"; exit 2; }

@@ -380,6 +380,20 @@ def _user_cache(name: str) -> str:
     return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "enspipe", name)
 
 
+# -- summarize: a finished workflow run, on the terminal ------------------------------------------
+def _summarize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default="results", help="the workflow's results directory")
+
+
+def _summarize(a: argparse.Namespace, fail: Fail) -> int:
+    from enspipe.report.terminal import summary_lines
+
+    if not os.path.isdir(a.results):
+        fail(f"--results: {a.results!r} is not a directory; run the workflow first (make run)")
+    print("\n".join(summary_lines(a.results)))
+    return 0
+
+
 # -- profile: a network's measured training rates on 1, 2, ... accelerators -------------------------
 def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", required=True, type=network_name,
@@ -464,6 +478,8 @@ COMMANDS: dict[str, Command] = {
                               "(use mpiexec -n N, N >= 2)", _calibrate_comm_args, _calibrate_comm, show_defaults=True),
     "idle-power": Command("measure this node's idle power and store it for energy above idle", _idle_power_args,
                           _idle_power, show_defaults=True),
+    "summarize": Command("print a finished workflow run's findings and headline ratios", _summarize_args,
+                         _summarize),
     "plan": Command("rank the schemes and P for an ensemble from measured costs (the cost model)", _plan_args,
                     _plan, show_defaults=True),
     "ensemble": Command("train a heterogeneous ensemble (trained for real, or emulated accelerators) in one arm's "
