@@ -246,3 +246,19 @@ def test_fleet_finding():
     row = findings.verdict(findings.fleet_finding, cells(), t(120))
     assert "1.25x over default" in row["this_run"] and "1.75x over homogeneous" in row["this_run"]
     assert holds(findings.fleet_finding, heterogeneous=arms_table({})) == "no data"
+
+
+def test_lag_finding():
+    def lag(slow_rate, fast_rate, skipped=0, service_slow=20.0):
+        rows = []
+        for scheme, s, f, sk in (("all_shared", slow_rate, fast_rate, skipped), ("tfdata_service", service_slow, 60, 30)):
+            rows += [{"scheme": scheme, "member": 0, "slow": False, "accelerator_rate": 60.0, "images_per_second": f,
+                      "skipped_samples": 0},
+                     {"scheme": scheme, "member": 1, "slow": True, "accelerator_rate": 20.0, "images_per_second": s,
+                      "skipped_samples": sk}]
+        return frame(*rows)
+    assert holds(findings.lag_finding, lag=lag(19.5, 19.8)) == YES  # lockstep at the slow member's pace
+    assert holds(findings.lag_finding, lag=lag(19.5, 40.0)) == NO  # enspipe's members did not keep together
+    assert holds(findings.lag_finding, lag=lag(19.5, 19.8, skipped=5)) == NO
+    assert holds(findings.lag_finding, lag=lag(19.5, 19.8, service_slow=12.0)) == NO  # the input set the pace
+    assert holds(findings.lag_finding, lag=frame()) == "no data"

@@ -243,3 +243,14 @@ def test_an_experiment_places_its_own_cells_and_a_conflict_is_named():
     with pytest.raises(grid.GridError, match="members_per_node"):
         grid.members_per_node(cfg)
 
+
+def test_a_lag_cells_rate_is_a_members_share_of_the_calibrated_rate(tmp_path):
+    """The slow member's rc / slowdown then lies below what any arm delivers to a member."""
+    cfg = _config("test")
+    rates = tmp_path / "rates.json"
+    rates.write_text(json.dumps({"networks": {"alexnet_v2": {"rp": {"1": 600.0, "2": 1000.0}}}}))
+    cell = grid.lag_cells(cfg)[0]
+    args = grid.lag_args(cfg, cell, str(rates))
+    assert "--rate-from" not in args and float(args[args.index("--rate") + 1]) == 600.0 / cell.n
+    assert args[args.index("--slow-member") + 1] == "1:3.0"
+

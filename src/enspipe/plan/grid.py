@@ -210,10 +210,20 @@ def lag_cells(config: dict) -> list[Cell]:
 
 
 def lag_args(config: dict, cell: Cell, rates: str) -> list[str]:
-    """``enspipe run`` arguments of a lag cell: a cell's, and the slowed member."""
+    """``enspipe run`` arguments of a lag cell: a cell's, the slowed member, and the accelerators'
+    rate rc = one member's calibrated preprocessing rate at the cell's cores over n (its share of
+    one member's capacity), so that the slow member's rc / slowdown lies below what any arm
+    delivers to a member and the slow member, not its input, sets the pace (paper_vs_run judges it)."""
+    import json
+
     lag = config["lag"]
-    return run_args(config, cell, rates) + ["--slow-member", f"{int(lag.get('slow_member', 1))}:"
-                                                              f"{float(lag.get('slowdown', 3))}"]
+    with open(rates) as f:
+        rp = json.load(f)["networks"][cell.network]["rp"]
+    key = cell.cores if cell.cores in rp else max(rp, key=lambda k: float(k) if k.replace(".", "").isdigit() else 0)
+    args = run_args(config, cell, rates)
+    i = args.index("--rate-from")
+    args[i:i + 2] = ["--rate", f"{float(rp[key]) / cell.n:.3f}"]
+    return args + ["--slow-member", f"{int(lag.get('slow_member', 1))}:{float(lag.get('slowdown', 3))}"]
 
 
 def shell_args(args: list[str]) -> str:

@@ -112,7 +112,8 @@ def _delivery(s: dict) -> dict:
             "window_samples": d.get("window_samples"), "skipped_samples": d.get("skipped_samples")}
 
 
-LAG_COLUMNS = ("scheme", "p", "member", "slow", "slowdown", "images_per_second", "rate_share", "skipped_samples",
+LAG_COLUMNS = ("scheme", "p", "member", "slow", "slowdown", "accelerator_rate", "images_per_second", "rate_share",
+               "skipped_samples",
                "distinct_min", "window_samples", "exactly_once", "cell", "accelerator", "summary")
 
 
@@ -132,6 +133,8 @@ def lag_rows(paths: list[str]):
             d = r.get("delivery") or {}
             rows.append({"scheme": s["scheme"], "p": s["p"], "member": r["rank"], "slow": r["rank"] == slow[0],
                          "slowdown": slow[1] if r["rank"] == slow[0] else 1.0,
+                         "accelerator_rate": s["rate"] / slow[1] if s.get("rate") and r["rank"] == slow[0]
+                         else s.get("rate"),
                          "images_per_second": r["images_per_second"],
                          "rate_share": r["images_per_second"] / top if top and r["images_per_second"] else None,
                          "skipped_samples": d.get("skipped_samples"), "distinct_min": d.get("distinct_min"),

@@ -473,6 +473,7 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
     idle = _json(idle_json)
     derived["table4"] = tables.idle_power(idle, df)
     lag = pd.read_csv(lag_csv) if lag_csv and os.path.getsize(lag_csv) else None
+    derived["lag"] = lag if lag is not None else pd.DataFrame()
     rates = _json(rates_json)
     derived["prediction"] = predicted.versus_measured(everything, rates, _json(comm_json))
     derived["planner"] = predicted.planner_choices(everything, derived["prediction"])

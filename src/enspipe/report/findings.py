@@ -386,6 +386,37 @@ def peer_finding(df, t):
                    "peer_tfdata_service.csv (process CPU per delivered image)")
 
 
+@finding("lag (not in the paper)", "With one member's accelerator slowed, enspipe keeps every member at its pace "
+         "and skips nothing; the tf.data service lets the others run ahead and the slow one skip",
+         "- (the paper predates the service)",
+         "the slow member is the bottleneck (its images/s at least 0.9x its accelerator's rate; else the judge "
+         "fails: the trade-off was not shown); enspipe's fast members within 10% of the slow one, nothing skipped")
+def lag_finding(df, t):
+    lag = t.get("lag")
+    if lag is None or lag.empty:
+        return None
+    parts, ok = [], []
+    for scheme, g in lag.groupby("scheme"):
+        slow = g[tables.flags(g["slow"])]
+        if slow.empty or slow["accelerator_rate"].isna().all():
+            continue
+        s = slow.iloc[0]
+        bottleneck = s["images_per_second"] >= 0.9 * s["accelerator_rate"]
+        fast = g[~tables.flags(g["slow"])]["images_per_second"]
+        parts.append(f"{scheme}: slow member {s['images_per_second']:.0f} img/s of its accelerator's "
+                     f"{s['accelerator_rate']:.0f}, the others {fast.mean():.0f}, skipped {int(g['skipped_samples'].sum())}")
+        if not bottleneck:
+            return Verdict("; ".join(parts), False, f"under {scheme} the slow member got {s['images_per_second']:.0f} "
+                           f"img/s, below its accelerator's {s['accelerator_rate']:.0f}: its input, not its "
+                           "accelerator, set the pace, so the lag cells show no trade-off (lower lag.slowdown's rate "
+                           "or raise the members' cores)")
+        if scheme != "tfdata_service":
+            ok.append(bool((fast <= 1.1 * s["images_per_second"]).all() and g["skipped_samples"].fillna(0).sum() == 0))
+    if not parts:
+        return None
+    return Verdict("; ".join(parts), all(ok) if ok else NOT_TESTABLE, "lag.csv (the lag cells' members)")
+
+
 @finding("cost model (not in the paper)", "enspipe plan's cost model predicts every modelled cell's images/s per member "
          "and CPU-s per delivered image from calibration and collective timings alone",
          "- (the paper leaves the choice of scheme to the user)",
