@@ -162,11 +162,11 @@ def test_one_cell_reruns_by_its_target_name(local_run):
     wd, r = local_run
     assert r.returncode == 0
     cell = next(c for c in grid.cells(_config("test")) if c.n == 2)
-    before = os.path.getmtime(wd / cell.path)
-    rr = snakemake("--cores", "2", "--configfile", os.path.join(ROOT, "config", "test.yaml"), "-f", cell.path,
+    before = os.path.getmtime(wd / _summary(cell))
+    rr = snakemake("--cores", "2", "--configfile", os.path.join(ROOT, "config", "test.yaml"), "-f", _summary(cell),
                    workdir=wd)
     assert rr.returncode == 0, rr.stderr[-3000:]
-    assert os.path.getmtime(wd / cell.path) > before
+    assert os.path.getmtime(wd / _summary(cell)) > before
     assert "1 of 1 steps" in rr.stderr  # that cell alone
 
 
