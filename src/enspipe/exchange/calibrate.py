@@ -49,7 +49,10 @@ def measure_collectives(comm, max_bytes: int = 32 << 20, repeats: int = 5) -> di
                          "(e.g. srun -N 2 --ntasks-per-node=2) so that both the node and the network are timed")
     within = _table(node, max_bytes, repeats)
     leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, key=comm.Get_rank())
-    between = _table(leaders, max_bytes, repeats) if leaders != MPI.COMM_NULL else None
+    between = None
+    if leaders != MPI.COMM_NULL:
+        between = _table(leaders, max_bytes, repeats)
+        leaders.Free()
     node.Free()
     between = comm.bcast(between, root=0)  # world rank 0 leads its node
     within_all = comm.gather(within["rows"], root=0)

@@ -15,8 +15,9 @@ import time
 
 import numpy as np
 
-from enspipe.measure import cpumon, power
 from enspipe.common.atomic import write_csv_atomic, write_json_atomic
+from enspipe.common.host import boot_id
+from enspipe.measure import cpumon, power
 
 POWER_COLUMNS = ("t", "host", "source", "domain", "watts")
 AUTO_ORDER = (("external",), ("slurm",), ("rapl", "nvml"), ("modelled",))
@@ -73,7 +74,7 @@ class NodeMonitor:
             self.cpu.stop()
         if self.power:
             self.power.stop()
-        out = {"host": self.host, "kernel": _boot_id(), "interval": self.interval,
+        out = {"host": self.host, "kernel": boot_id(), "interval": self.interval,
                "cpu_source": self.cpu.source if self.cpu else None, "cpu_rows": [],
                "cpu": None, "counter_energy": {}, "power_rows": [], "unavailable": self.unavailable}
         if self.cpu:
@@ -83,15 +84,6 @@ class NodeMonitor:
             out["counter_energy"] = power.counter_energy(self.power.samples, t0, t1)
             out["power_rows"] = power.counter_power_rows(self.power.samples, self.host)
         return out
-
-
-def _boot_id() -> str:
-    """This host's kernel (its boot id): hosts that share one share the machine's CPUs and /proc/stat."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _machine_total(nodes: list[dict], per_host: dict[str, float]) -> tuple[float, int]:

@@ -462,8 +462,7 @@ class RunConfig:
             _require(path is None or os.path.isfile(path), name, f"{path!r} is not a file",
                      "write it first (plan_comm: enspipe calibrate-comm; power_csv: the meter's (timestamp, watts) "
                      "log; idle_power: enspipe idle-power --out FILE)")
-        for name in ("data", "validation_data"):
-            path = self.data if name == "data" else self.lives.validation_data
+        for name, path in (("data", self.data), ("validation_data", self.lives.validation_data)):
             if path is not None:
                 _require(os.path.exists(path), name, f"{path!r} does not exist",
                          "create it with `enspipe make-dataset --out DIR --num-images M --seed S`")

@@ -44,7 +44,6 @@ class Inputs:
     tables: dict
     rates: dict | None
     idle: dict | None
-    lag: pd.DataFrame | None = None  # the lag cells' members (collect.lag_rows), where the workflow ran them
     ensembles: dict | None = None     # arm -> enspipe ensemble's ensemble.json, where the workflow ran them
 
     @property
@@ -472,8 +471,8 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
                "table5": tables.energy(df), "peer": tables.peer_comparison(df)}
     idle = _json(idle_json)
     derived["table4"] = tables.idle_power(idle, df)
-    lag = pd.read_csv(lag_csv) if lag_csv and os.path.getsize(lag_csv) else None
-    derived["lag"] = lag if lag is not None else pd.DataFrame()
+    # the lag cells' members (collect.lag_rows), where the workflow ran them
+    derived["lag"] = pd.read_csv(lag_csv) if lag_csv and os.path.getsize(lag_csv) else pd.DataFrame()
     rates = _json(rates_json)
     derived["prediction"] = predicted.versus_measured(everything, rates, _json(comm_json))
     derived["planner"] = predicted.planner_choices(everything, derived["prediction"])
@@ -486,7 +485,7 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
     derived["heterogeneous"] = heterogeneous.arms_table(ensembles)
     derived["timeline"] = heterogeneous.timeline_rows(ensembles.get("fleet"))
     derived["paper_scale"] = heterogeneous.paper_scale()
-    ins = Inputs(df, derived, rates, idle, lag, ensembles)
+    ins = Inputs(df, derived, rates, idle, ensembles)
     os.makedirs(out_dir, exist_ok=True)
     for o in OUTPUTS.values():
         o.write(ins, os.path.join(out_dir, o.name))
@@ -597,7 +596,7 @@ def _peer(ins: Inputs, stem: str) -> None:
 
 @output("peer_lag", TAB, PEER)
 def _peer_lag(ins: Inputs, stem: str) -> None:
-    lag = ins.lag if ins.lag is not None else pd.DataFrame()
+    lag = ins.tables["lag"]
     write_table(lag, stem, "One member's accelerator slower than the others' (--slow-member, emulated): enspipe keeps "
                 "its members in lockstep (every member at the slow one's pace, nothing skipped); the tf.data service "
                 "lets the others run ahead and the slow one skip what its cache no longer holds. Per member: images/s, "

@@ -14,19 +14,13 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from enspipe.common.host import boot_id
 from enspipe.run.affinity import assign_cores, available_cores
-
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def host_key(hostname: str | None = None) -> tuple[str, str]:
     """``(hostname, boot id)`` of this process's physical host."""
-    try:
-        with open(BOOT_ID) as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return hostname or socket.gethostname(), boot
+    return hostname or socket.gethostname(), boot_id()
 
 
 def labels(keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
