@@ -96,6 +96,40 @@ def _machine_total(nodes: list[dict], per_host: dict[str, float]) -> tuple[float
     return float(sum(sum(v) / len(v) for v in kernels.values())), max(len(v) for v in kernels.values())
 
 
+def _cpu_fields(cpu_nodes: list[dict]) -> dict:
+    """The summary's node CPU fields from the nodes whose CPU monitor ran (all None without one)."""
+    if not cpu_nodes:
+        return dict(cpu_source=None, node_cpu_seconds=None, node_cpu_seconds_total=None, per_core_busy_percent=None,
+                    hosts_per_kernel=None)
+    per_host = {n["host"]: n["cpu"]["node_cpu_seconds"].get(n["host"], 0.0) for n in cpu_nodes}
+    total, shared = _machine_total(cpu_nodes, per_host)
+    return dict(cpu_source="+".join(sorted({n["cpu_source"] for n in cpu_nodes})), node_cpu_seconds=per_host,
+                per_core_busy_percent={n["host"]: n["cpu"]["per_core_busy_percent"].get(n["host"], {})
+                                       for n in cpu_nodes},
+                node_cpu_seconds_total=total, hosts_per_kernel=shared)
+
+
+def _headline(by_source: dict[str, float], requested: tuple[str, ...], seconds: float, n_nodes: int,
+              idle_watts: float, idle_file: str | None) -> dict:
+    """The headline energy: the first preferred group of sources that was read, and above idle."""
+    headline = next((g for g in preference(requested) if any(s in by_source for s in g)), None)
+    if headline is None:
+        return dict(energy_joules=None, energy_above_idle_joules=None, mean_watts=None, energy_source=None,
+                    energy_modelled=None, idle_watts=None, idle_source=None)
+    used = [s for s in headline if s in by_source]
+    energy = float(sum(by_source[s] for s in used))
+    source = "+".join(used)
+    if source != "modelled" and idle_file:
+        with open(idle_file) as f:
+            idle = json.load(f)
+        idle_total, idle_source = idle["watts"] * n_nodes, f"{idle['source']} idle measurement ({idle_file})"
+    else:
+        idle_total, idle_source = idle_watts * n_nodes, "modelled (idle_watts parameter)"
+    return dict(energy_joules=energy, energy_above_idle_joules=energy - idle_total * seconds,
+                mean_watts=energy / seconds if seconds > 0 else None, energy_source=source,
+                energy_modelled=source == "modelled", idle_watts=idle_total, idle_source=idle_source)
+
+
 def job_fields(nodes: list[dict], t0: float, t1: float, requested: tuple[str, ...], *, idle_watts: float,
                watts_per_core: float, idle_file: str | None = None, power_csv: str | None = None,
                slurm_joules: float | None = None, slurm_why: str | None = None) -> tuple[dict, list[dict]]:
@@ -107,16 +141,7 @@ def job_fields(nodes: list[dict], t0: float, t1: float, requested: tuple[str, ..
         for s, why in node["unavailable"].items():
             unavailable.setdefault(s, f"{node['host']}: {why}")
     cpu_nodes = [n for n in nodes if n["cpu"] is not None]
-    if cpu_nodes:
-        fields.update(cpu_source="+".join(sorted({n["cpu_source"] for n in cpu_nodes})),
-                      node_cpu_seconds={n["host"]: n["cpu"]["node_cpu_seconds"].get(n["host"], 0.0) for n in cpu_nodes},
-                      per_core_busy_percent={n["host"]: n["cpu"]["per_core_busy_percent"].get(n["host"], {})
-                                             for n in cpu_nodes})
-        total, shared = _machine_total(cpu_nodes, fields["node_cpu_seconds"])
-        fields.update(node_cpu_seconds_total=total, hosts_per_kernel=shared)
-    else:
-        fields.update(cpu_source=None, node_cpu_seconds=None, node_cpu_seconds_total=None, per_core_busy_percent=None,
-                      hosts_per_kernel=None)
+    fields.update(_cpu_fields(cpu_nodes))
 
     by_source: dict[str, float] = {}
     domains: dict[str, dict[str, float]] = {}
@@ -149,24 +174,7 @@ def job_fields(nodes: list[dict], t0: float, t1: float, requested: tuple[str, ..
     elif "modelled" not in requested:
         unavailable.setdefault("modelled", "no CPU monitor ran")
 
-    headline = next((g for g in preference(requested) if any(s in by_source for s in g)), None)
-    if headline is None:
-        fields.update(energy_joules=None, energy_above_idle_joules=None, mean_watts=None, energy_source=None,
-                      energy_modelled=None, idle_watts=None, idle_source=None)
-    else:
-        used = [s for s in headline if s in by_source]
-        energy = float(sum(by_source[s] for s in used))
-        source = "+".join(used)
-        n_nodes = max(1, len(nodes))
-        if source != "modelled" and idle_file:
-            with open(idle_file) as f:
-                idle = json.load(f)
-            idle_total, idle_source = idle["watts"] * n_nodes, f"{idle['source']} idle measurement ({idle_file})"
-        else:
-            idle_total, idle_source = idle_watts * n_nodes, "modelled (idle_watts parameter)"
-        fields.update(energy_joules=energy, energy_above_idle_joules=energy - idle_total * seconds,
-                      mean_watts=energy / seconds if seconds > 0 else None, energy_source=source,
-                      energy_modelled=source == "modelled", idle_watts=idle_total, idle_source=idle_source)
+    fields.update(_headline(by_source, requested, seconds, max(1, len(nodes)), idle_watts, idle_file))
     fields.update(energy_by_source=by_source, energy_domains=domains, energy_unavailable=unavailable,
                   power_model={"idle_watts": idle_watts, "watts_per_core": watts_per_core})
     return fields, sorted(rows, key=lambda r: (r["source"], r["host"], r["domain"], r["t"]))
