@@ -21,9 +21,14 @@ def dataset(images: int = 1000) -> str:
 
 def run_cell(data: str, n: int, args: list[str], launcher: tuple[str, ...] = ()) -> dict:
     """``mpiexec -n N enspipe run ARGS`` on ``data``; returns its summary."""
+    return run_under([MPIEXEC, *launcher, "-n", str(n)], data, args)
+
+
+def run_under(launch: list[str], data: str, args: list[str]) -> dict:
+    """``LAUNCH python -m enspipe run ARGS`` on ``data`` (LAUNCH: mpiexec's or srun's command line
+    up to the program); returns its summary."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [MPIEXEC, *launcher, "-n", str(n), sys.executable, "-m", "enspipe", "run", "--data", data,
-               "--out", out, *map(str, args)]
+        cmd = [*launch, sys.executable, "-m", "enspipe", "run", "--data", data, "--out", out, *map(str, args)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")

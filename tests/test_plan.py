@@ -166,6 +166,20 @@ def test_calibrate_comm_fits_this_machine(tmp_path):
     assert r.returncode == 2 and "mpiexec" in r.stderr
 
 
+def test_block_broadcasts_from_separate_nodes_send_at_once():
+    """Multi-Broadcast with one member per node: each root's broadcast leaves over its own link, so
+    the step takes the slowest broadcast or a node's link in, whichever is longer, not their sum
+    (measured on 3 namespaced nodes with each link at 100 Mbit/s: benchmarks/nodes.py)."""
+    bw, m = 12.5e6, 10 * 224 * 224 * 3 * 4
+    comm = CommCosts(alpha=0.0, inter_node_bandwidth=bw)
+    three = predict("multi_broadcast", 3, 2, 10, 224, machine(nodes=3, comm=comm)).stages["exchange"]
+    assert three == pytest.approx(max(2 * (m / 2) / bw, m / bw))  # a binomial root sends twice
+    one = predict("multi_broadcast", 3, 2, 10, 224, machine(nodes=3, comm=comm), node_shm=False)
+    assert one.stages["exchange"] == pytest.approx(three)  # between nodes, MPI either way
+    packed = predict("multi_broadcast", 4, 2, 10, 224, machine(nodes=2, comm=comm)).stages["exchange"]
+    assert packed == pytest.approx(2 * 2 * (m / 2) / bw)  # both roots on node 0: they share its link
+
+
 def test_the_papers_grid_predicted_from_its_own_measurements():
     """config/paper.yaml's model section: All-Shared flat above AlexNet's rc at full cores, Single-
     and Multi-Broadcast falling below it as n grows (the paper's Fig. 10a); the crossing moves out

@@ -32,17 +32,31 @@ def allreduce_quietly(comm, value: int, op) -> int:
     return int(out[0])
 
 
-def wait_quietly(requests) -> None:
+def wait_quietly(requests, arrival=None) -> None:
     """Wait for MPI requests without spinning: MPICH busy-polls inside blocking collectives, which
     would bill a member that waits for its peers a full core. Poll with sleeps that grow with the
     wait (to 5% of the time waited so far, at most 10 ms): a long wait for a slow peer costs a few
-    dozen polls, not thousands, and wakes at most 5% late."""
+    dozen polls, not thousands, and wakes at most 5% late.
+
+    ``arrival``: the communicator of the requests' collectives, for large ones between nodes. A
+    message over TCP moves about a socket buffer per poll of each side, so a receiver that has
+    slept its way to 10 ms polls would take 10 ms per buffer. With it, the sleeping is done on a
+    barrier posted after the collectives (every rank has posted its part once it completes); the
+    transfer itself is then polled at short intervals, for as long as it moves data."""
+    if arrival is None or arrival.Get_size() == 1:
+        _poll(requests, 10e-3)
+        return
+    _poll([arrival.Ibarrier()], 10e-3)
+    _poll(requests, 50e-6)
+
+
+def _poll(requests, longest: float) -> None:
     from mpi4py import MPI
 
     delay, start = 20e-6, time.perf_counter()
     while not MPI.Request.Testall(requests):
         time.sleep(delay)
-        delay = min(delay * 2, max(1e-3, min(10e-3, 0.05 * (time.perf_counter() - start))))
+        delay = min(delay * 2, max(min(1e-3, longest), min(longest, 0.05 * (time.perf_counter() - start))))
 
 
 @dataclass

@@ -124,8 +124,8 @@ class Mpi4pyTransport:
         self.ring = (BufferRing((queue_depth + 1 + unit) * takes, max_batch, self.image_shape, self.dtype)
                      if takes else None)
 
-    def _wait(self, requests) -> None:
-        wait_quietly(requests)
+    def _wait(self, requests, arrival=None) -> None:
+        wait_quietly(requests, arrival)
 
     def _counts(self, c, mine: list[int], known: list[int] | None) -> list[np.ndarray]:
         """Per batch of the unit, each group member's block size: ``known`` for every batch, or
@@ -164,7 +164,7 @@ class Mpi4pyTransport:
         for b, out, n in zip(mine, outs, counts_each):  # the unit's collectives in flight together
             requests += [c.Iallgatherv(b.meta, [out.meta, (n * 4).tolist()]),
                          c.Iallgatherv(b.images, [out.images, (n * self.image_size).tolist()])]
-        self._wait(requests)
+        self._wait(requests, c)
         for b, out in zip(mine, outs):
             self.stats.add(b, out)
         return outs
@@ -183,7 +183,7 @@ class Mpi4pyTransport:
             return self._assemble(group, batches if is_root else [None] * len(batches), counts)
         outs = batches if is_root else [self.ring.take(k) for k in count_each]
         self._wait([r for out in outs for r in (c.Ibcast(out.meta, root=local_root),
-                                                 c.Ibcast(out.images, root=local_root))])
+                                                 c.Ibcast(out.images, root=local_root))], c)
         for out in outs:
             self.stats.add(out if is_root else None, out)
         return outs
@@ -207,7 +207,7 @@ class Mpi4pyTransport:
                 requests += [c.Ibcast(block.meta, root=lr), c.Ibcast(block.images, root=lr)]
                 offset += int(n[lr])
             outs.append(out)
-        self._wait(requests)
+        self._wait(requests, c)
         for b, out in zip(mine, outs):
             self.stats.add(b, out)
         return outs

@@ -245,7 +245,7 @@ class NodeBatchWindow:
                                  self.leaders.Iallgatherv(self.MPI.IN_PLACE, [
                                      self.images[s], (node_counts * self.image_elems).tolist(),
                                      (node_offsets * self.image_elems).tolist(), self.mpi_image_type])]
-                self.wait(requests)
+                self.wait(requests, self.leaders)
                 self.win.Sync()
             self._node_barrier()
         self.win.Sync()

@@ -29,7 +29,10 @@ members gets its ``t`` threads' cores, not ``C``):
     ``"scatter_allgather"`` force one (an MPI whose large broadcasts are trees, as the paper's
     falling Single- and Multi-Broadcast curves suggest of its stack, is ``"binomial"``);
   - concurrent block broadcasts (Multi-Broadcast): the ``P`` broadcasts of ``m / P`` bytes share
-    the links, ``T = sum`` of the ``P`` broadcasts;
+    the links, ``T = sum`` of the ``P`` broadcasts; across nodes, with every root on a node of its
+    own (and a transport that posts them at once, ``CommCosts.serial_bcasts`` false), each root sends over its own link at once, and a node's link in carries every block
+    but its own: ``T = max(the slowest broadcast, m / bw)`` (``(P - 1) / P x m / bw`` where every
+    member is a root);
 
   ``bw`` is the inter-node bandwidth where a collective crosses nodes, else the measured
   intra-node MPI bandwidth (a unit's MPI collectives are in flight together, but each still
@@ -75,6 +78,8 @@ class CommCosts:
       inter_node_bandwidth: bytes/s between nodes (a parameter where only one node was measured).
       bcast: the broadcast algorithm: ``mpich`` (MPICH's choice by size and ranks), ``binomial``
         or ``scatter_allgather``.
+      serial_bcasts: a step's block broadcasts run one after another (Horovod's one background
+        thread, the paper's stack); enspipe's MPI transport posts them at once (False).
       source: where the numbers came from (a file, or ``assumed``).
     """
 
@@ -84,6 +89,7 @@ class CommCosts:
     alpha_node: float = 20e-6
     inter_node_bandwidth: float = 12.5e9  # 100 Gb/s (InfiniBand EDR), a parameter: one node cannot measure it
     bcast: str = "mpich"
+    serial_bcasts: bool = False
     source: str = "assumed"
 
     def __post_init__(self) -> None:
@@ -101,12 +107,12 @@ class CommCosts:
     def from_dict(cls, d: dict, source: str = "") -> "CommCosts":
         keys = ("alpha", "bandwidth", "copy_bandwidth", "alpha_node", "inter_node_bandwidth")
         return cls(**{k: float(d[k]) for k in keys if k in d}, bcast=str(d.get("bcast", "mpich")),
-                   source=source or d.get("source", "file"))
+                   serial_bcasts=bool(d.get("serial_bcasts", False)), source=source or d.get("source", "file"))
 
     def as_dict(self) -> dict:
         return {"alpha": self.alpha, "bandwidth": self.bandwidth, "copy_bandwidth": self.copy_bandwidth,
                 "alpha_node": self.alpha_node, "inter_node_bandwidth": self.inter_node_bandwidth,
-                "bcast": self.bcast, "source": self.source}
+                "bcast": self.bcast, "serial_bcasts": self.serial_bcasts, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,11 @@ def _spans_nodes(group, node_of) -> bool:
     return len({node_of[r] for r in group}) > 1
 
 
+def _own_links(step, node_of) -> bool:
+    """Block broadcasts whose roots are each on a node of their own: they send over separate links."""
+    return isinstance(step, BlockBroadcasts) and len({node_of[r] for r in step.roots}) == len(step.roots) > 1
+
+
 def _gather_time(p: int, m: float, comm: CommCosts, bw: float, shm: bool, unit: int = 1) -> float:
     if p <= 1:
         return 0.0
@@ -242,7 +253,7 @@ def _structure(scheme_name: str, n: int, p: int | None, batch: int, nodes: int):
     # a node's cores are shared by the members that preprocess on it (a consumer that only
     # waits for batches, or an emulated accelerator, uses next to none)
     busy = max(sum(1 for r in node if r in pre) for node in layout)
-    steps = tuple((step, blocks, _spans_nodes(step.group, node_of))
+    steps = tuple((step, blocks, _spans_nodes(step.group, node_of), _own_links(step, node_of))
                   for step, blocks in zip(scheme.steps, scheme.block_counts(batch)))
     shares = {r: scheme.share(r, batch) for r in range(n)}
     return scheme, max(len(node) for node in layout), busy, steps, shares
@@ -264,7 +275,7 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
     unit = scheme.unit_batches(batch, block_images)  # batches behind one node barrier
     # exchange: the steps in order, each over MPI across nodes or node-shared memory within one
     t_x, copied = 0.0, {r: 0.0 for r in range(n)}  # seconds per batch; bytes each member copies
-    for step, blocks, across in steps:
+    for step, blocks, across, own_links in steps:
         shm = node_shm and not across
         bw = comm.inter_node_bandwidth if across else comm.bandwidth
         size = len(step.group)
@@ -277,11 +288,18 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
             for r in step.group:
                 copied[r] += blocks * image_bytes if (r == step.root or not shm) else 0.0
         elif isinstance(step, BlockBroadcasts):
+            times, sent = [], []
             for root in step.roots:
                 b = blocks[step.group.index(root)] * image_bytes
-                t_x += _bcast_time(size, b, comm, bw, shm, unit)
+                times.append(_bcast_time(size, b, comm, bw, shm, unit))
+                sent.append(b)
                 for r in step.group:
                     copied[r] += b if (r == root or not shm) else 0.0
+            if across and own_links and not comm.serial_bcasts:  # a node's link in: every block but its own
+                into = sum(sent) - (min(sent) if set(step.group) == set(step.roots) else 0.0)
+                t_x += max(max(times), into / bw)
+            else:
+                t_x += sum(times)
     cpu_x = {r: copied[r] / comm.copy_bandwidth for r in range(n)}
     rp = machine.rate_at(cores)
     t_prep = max((hi - lo) / rp + cpu_x[r] / cores for r, (lo, hi) in shares.items() if hi > lo)
