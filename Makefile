@@ -1,6 +1,7 @@
 # Two commands on a fresh machine with Python 3.11, pip and apt:
-#   make run       set up .venv, run the default workflow (config/config.yaml) end to end and build
-#                  its HTML report (results/report.html)
+#   make run       set up .venv, run the fast default workflow (config/config.yaml: every figure in
+#                  about 15 minutes on 2 cores) end to end and build its HTML report (results/report.html)
+#   make run-full  the same with the whole study (config/full.yaml: about an hour on 2 cores)
 #   make test      set up .venv and run the quick test suite (everything but the tests marked slow,
 #                  with one short end-to-end workflow run)
 #   make test-all  every test: also the long end-to-end runs (the test grid's workflow, Slurm where
@@ -13,7 +14,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 
-.PHONY: run test test-all bench cell clean-results horovod test-horovod
+.PHONY: run run-full test test-all bench cell clean-results horovod test-horovod
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +22,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+CONFIG ?=
 run: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --report results/report.html
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES) $(CONFIG)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --report results/report.html $(CONFIG)
 	$(BIN)/enspipe summarize --results results
+
+run-full:
+	$(MAKE) run CONFIG="--configfile config/full.yaml"
 
 cell: $(STAMP)
 	@test -n "$(CELL)" || { echo "make cell CELL=network/scheme/nN_pP/cC/consumer/repR"; exit 2; }

@@ -153,7 +153,7 @@ def test_paper_vs_run_verdicts(grid_dir):
     within["reduction"] = within["baseline"] / within["all_shared"]
     assert findings.verdict(findings.reduction_finding, df, t | {"fig12": within})["holds"] == findings.NOT_TESTABLE
     empty = findings.paper_vs_run(df.iloc[0:0], {k: v.iloc[0:0] for k, v in t.items()})
-    assert set(empty["holds"]) == {"no data"}
+    assert set(empty["holds"]) == {findings.NOT_ENOUGH}
 
 
 def test_render_writes_every_output_with_its_provenance(grid_dir):

@@ -150,13 +150,15 @@ def test_identical_work_finding():
                        for s, vs in rates.items() for r, v in enumerate(vs)])
     assert holds(findings.identical_work_finding, n1({"baseline": [600, 610, 590], "all_shared": [620, 600, 615]})) == YES
     assert holds(findings.identical_work_finding, n1({"baseline": [480, 490, 470], "all_shared": [654, 640, 650]})) == NO
+    # one repeat (the fast default): its noise is not the schemes' spread, so no verdict either way
+    assert holds(findings.identical_work_finding, n1({"baseline": [480], "all_shared": [654]})) == findings.NOT_ENOUGH
 
 
 @pytest.mark.parametrize("f", findings.FINDINGS, ids=lambda f: f.judge.__name__)
 def test_no_data_is_not_a_verdict(f):
     empty = {k: pd.DataFrame(columns=["network", "n", "cores", "scheme"]) for k in
              ("table1", "table2", "fig11", "fig12", "fig13", "table3", "table5", "peer")}
-    assert findings.verdict(f, cells().iloc[0:0], empty)["holds"] == "no data"
+    assert findings.verdict(f, cells().iloc[0:0], empty)["holds"] == findings.NOT_ENOUGH
 
 
 def test_peer_finding():
@@ -245,7 +247,7 @@ def test_fleet_finding():
     assert holds(findings.fleet_finding, **t(180)) == NO    # slower than the default arm
     row = findings.verdict(findings.fleet_finding, cells(), t(120))
     assert "1.25x over default" in row["this_run"] and "1.75x over homogeneous" in row["this_run"]
-    assert holds(findings.fleet_finding, heterogeneous=arms_table({})) == "no data"
+    assert holds(findings.fleet_finding, heterogeneous=arms_table({})) == findings.NOT_ENOUGH
 
 
 def test_lag_finding():
@@ -261,4 +263,4 @@ def test_lag_finding():
     assert holds(findings.lag_finding, lag=lag(19.5, 40.0)) == NO  # enspipe's members did not keep together
     assert holds(findings.lag_finding, lag=lag(19.5, 19.8, skipped=5)) == NO
     assert holds(findings.lag_finding, lag=lag(19.5, 19.8, service_slow=12.0)) == NO  # the input set the pace
-    assert holds(findings.lag_finding, lag=frame()) == "no data"
+    assert holds(findings.lag_finding, lag=frame()) == findings.NOT_ENOUGH

@@ -139,13 +139,17 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
 
 
 def _run(a: argparse.Namespace, fail: Fail) -> int:
+    from enspipe.common import phases
+
+    phases.mark("imports")
     try:
         cfg = config_from_args(a)
     except ConfigError as e:
         fail(str(e))
-    from enspipe.run.member import run
+    phases.mark("checked")
+    from enspipe.run.member import run, leave
 
-    return run(cfg)
+    return leave(run(cfg))
 
 
 # -- calibrate-rc, idle-power: measurements the workflow makes once ---------------------------------

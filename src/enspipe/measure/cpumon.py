@@ -14,6 +14,7 @@ ending at its timestamp, so it is placed at the interval's midpoint.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -30,6 +31,9 @@ from enspipe.common.atomic import write_csv_atomic, write_json_atomic
 FIELDS = ("usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle")
 COLUMNS = ("host", "cpu", "t", *FIELDS, "busy", "source")
 SOURCES = ("mpstat", "psutil")
+
+
+SAMPLE_MARGIN = 0.3  # s: a sample's tick to its line in the log (the monitor's start-up, mpstat's alarm drift)
 
 
 class CpuMonitorError(RuntimeError):
@@ -65,13 +69,13 @@ class CpuMonitor:
         self.log_path = os.path.join(out_dir, log_name(source, host))
         self.marks_path = os.path.join(out_dir, f"cpu-marks.{host}.json")
         self.marks: dict = {"host": host, "source": source, "interval": interval, "log": os.path.basename(self.log_path)}
+        self.marks["launch"] = time.time()
         if source == "mpstat":
             cmd = ["mpstat", "-P", "ALL", "-o", "JSON", str(interval)]
         else:
-            cmd = [sys.executable, "-m", "enspipe.measure.cpusampler", str(interval)]
+            cmd = [sys.executable, "-m", "enspipe.measure.cpusampler", str(interval), repr(self.marks["launch"])]
         env = dict(os.environ, S_TIME_FORMAT="ISO", TZ="UTC", LC_ALL="C")
         self._log = open(self.log_path, "w")
-        self.marks["launch"] = time.time()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.DEVNULL, env=env,
                                      preexec_fn=_die_with_parent, start_new_session=True)
         self._write_marks()
@@ -83,9 +87,13 @@ class CpuMonitor:
     def _write_marks(self) -> None:
         write_json_atomic(self.marks_path, self.marks)
 
-    def stop(self, linger: float | None = None) -> None:
-        """Keep sampling ``linger`` seconds (default: one interval and a bit, so the last window
-        is covered), then stop the monitor cleanly."""
+    def stop(self, linger: float | None = None, covering: float | None = None) -> None:
+        """Keep sampling ``linger`` seconds, or until the first sample after the time ``covering``
+        has been written (the monitor samples at its launch plus whole intervals), or by default
+        one interval and a bit; then stop the monitor cleanly."""
+        if linger is None and covering is not None:
+            ticks = max(1, math.ceil((covering - self.marks["launch"]) / self.interval))
+            linger = max(0.0, self.marks["launch"] + ticks * self.interval + SAMPLE_MARGIN - time.time())
         time.sleep(self.interval + 0.2 if linger is None else linger)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)

@@ -1,9 +1,10 @@
 """The psutil fallback of the CPU monitor, for nodes without ``mpstat``.
 
-    python -m enspipe.measure.cpusampler INTERVAL > psutil-cpu.<host>.jsonl
+    python -m enspipe.measure.cpusampler INTERVAL [START] > psutil-cpu.<host>.jsonl
 
 Prints, every INTERVAL seconds until SIGINT/SIGTERM, one JSON line per core with mpstat's fields
-(percentages over the interval that just ended) and the Unix time ``t`` of the sample.
+(percentages over the interval that just ended) and the Unix time ``t`` of the sample. Samples
+fall on START plus whole intervals (START: a Unix time, default now), as mpstat's fall on its launch.
 """
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ def main(argv: list[str]) -> int:
     import psutil
 
     interval = float(argv[0]) if argv else 1.0
+    start = float(argv[1]) if len(argv) > 1 else time.time()
     host = socket.gethostname()
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.append(True))
     psutil.cpu_times_percent(percpu=True)  # the first call only sets the reference point
-    next_t = time.time() + interval
+    next_t = start + interval
+    while next_t < time.time():  # started late: the next tick still on START's grid
+        next_t += interval
     while not stop:
         time.sleep(max(0.0, next_t - time.time()))
         if stop:

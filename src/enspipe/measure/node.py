@@ -71,7 +71,7 @@ class NodeMonitor:
         if self.cpu:
             self.cpu.mark("window_start", t0)
             self.cpu.mark("window_end", t1)
-            self.cpu.stop()
+            self.cpu.stop(covering=t1)
         if self.power:
             self.power.stop()
         out = {"host": self.host, "kernel": boot_id(), "interval": self.interval,

@@ -2,8 +2,8 @@
 threshold and whether the finding holds here.
 
 Every finding is a registered judge with a stated ``threshold``. A judge answers ``yes``, ``no``,
-``partly``, ``no data`` (the grid has no cells for it) or ``not testable here``: the cells exist,
-but this machine cannot express what produces the effect (a core limit equal to the cores a member
+``partly``, ``not enough data here`` (the grid lacks its cells or repeats: the basis says what to
+run) or ``not testable here``: the cells exist, but this machine cannot express what produces the effect (a core limit equal to the cores a member
 gets anyway; members sharing one host's cores where the paper gave each its own node; an emulated
 accelerator that uses no CPU). Such a finding says why and is never ``yes``. Two invariants that
 any honest measurement satisfies are judged the same way: sharing between n members saves at most
@@ -25,6 +25,8 @@ from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE
 NETWORKS = ["alexnet_v2", "inception_v1", "vgg_a"]
 COLUMNS = ["finding", "source", "paper", "this_run", "threshold", "holds", "basis"]
 NOT_TESTABLE = "not testable here"
+NOT_ENOUGH = "not enough data here"  # the grid lacks the cells or repeats: the basis says what to run
+FULL_RUN = "`make run-full` (config/full.yaml) has them"
 BY_DESIGN = "differs by design"  # enspipe does it otherwise on purpose; the basis says how and why
 IDENTICAL_WORK_SPREAD = 0.15  # n = 1 cells of every scheme do the same work: medians within 15%
 
@@ -71,7 +73,7 @@ def verdict(f, df: pd.DataFrame, t: dict[str, pd.DataFrame]) -> dict:
     f = getattr(f, "finding", f)
     v = f.judge(df, t)
     if v is None:
-        word, this_run, basis = "no data", "-", ""
+        word, this_run, basis = NOT_ENOUGH, "-", f"no cells for it in this run's grid; {FULL_RUN}"
     else:
         word = v.holds if isinstance(v.holds, str) else ("yes" if v.holds else "no")
         this_run, basis = v.this_run, v.basis
@@ -361,6 +363,8 @@ def identical_work_finding(df, t):
         ok.append(bool(spread <= IDENTICAL_WORK_SPREAD))
         parts.append(f"{g['network'].iloc[0]} cores {g['cores'].iloc[0]}: {med.min():.0f}-{med.max():.0f} img/s "
                      f"({spread:.0%}, {reps}+ repeats)")
+    if min(g.groupby("scheme").size().min() for g in groups) < 3:  # one run's noise is not the schemes' spread
+        return Verdict("; ".join(parts), NOT_ENOUGH, f"needs 3 repeats of each n = 1 peak cell; {FULL_RUN}")
     return Verdict("; ".join(parts), all(ok), "medians over repeats")
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from enspipe.common import keys
+from enspipe.common import keys, phases
 from enspipe.plan.config import RunConfig
 from enspipe.plan.schemes import make_scheme, node_groups
 from enspipe.run.monitors import slurm_counter, start_node_monitor
@@ -66,6 +66,7 @@ def setup(cfg: RunConfig, comm, scheme, progress: dict) -> Job:
     consumer = _consumer(cfg, comm, transport, manifest, preprocessing, events)
     member = _member(cfg, comm, pipeline, consumer, manifest, preprocessing, events, progress)
     started = time.time()
+    phases.mark("pipeline_built")
     if monitor:
         monitor.mark("warmup_start", started)
     return Job(cfg, comm, scheme, progress, where, affinity, monitor, heartbeat, events, manifest, preprocessing,
@@ -83,6 +84,7 @@ def _placed(cfg: RunConfig, comm):
     from enspipe.run.placement import place
 
     where = place(comm, MPI, cfg.measure.cores)
+    phases.mark("placement")
     # the plan again, now that the node layout is known (validated already, on one node)
     scheme = make_scheme(cfg.stream.scheme, comm.Get_size(), cfg.stream.preprocessors, cfg.global_batch,
                          node_groups(comm.allgather(where.mpi_node)))
@@ -91,6 +93,7 @@ def _placed(cfg: RunConfig, comm):
     affinity = pin_process(where.cores)
     malloc = set_malloc(cfg.stream.malloc)  # before TensorFlow allocates
     configure_tensorflow_threads(where.threads)  # imports TensorFlow, after the pools' sizes are known
+    phases.mark("tensorflow")
     return where, scheme, monitor, affinity, malloc
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enspipe.common import keys
+from enspipe.common import keys, phases
 from enspipe.plan.config import RunConfig
 from enspipe.plan.grid import Cell
 from enspipe.plan.schemes import AUTO
@@ -26,6 +26,7 @@ SUMMARY = "summary.json"
 
 
 FAILED_SUMMARY = "summary.failed.json"  # a finished cell that broke its exactly-once promise
+PHASES = "phases.json"  # rank 0's phase time stamps (enspipe.common.phases), after the summary
 
 
 def say(rank: int, msg: str) -> None:
@@ -101,6 +102,7 @@ def job_report(job: Job, report: dict, w: Window, warm: "Warmup") -> int:
     # the job's window: from the first member's measurement start to the last one's end
     job_t0, job_t1 = comm.allreduce(w.wall[0], op=MPI.MIN), comm.allreduce(w.wall[1], op=MPI.MAX)
     node = job.monitor.finish(job_t0, job_t1) if job.monitor else None
+    phases.mark("monitor_closed")
     gathered = comm.gather((report, node), root=0)
     summary = failure = None
     if rank == 0:
@@ -114,8 +116,11 @@ def job_report(job: Job, report: dict, w: Window, warm: "Warmup") -> int:
     job.heartbeat.stop()
     if rank == 0:
         summary_path = os.path.join(cfg.out, SUMMARY)
+        phases.mark("summarized")
         write_json_atomic(summary_path if not failure else os.path.join(cfg.out, FAILED_SUMMARY),
                           summary | ({"failure": failure} if failure else {}))
+        phases.mark("summary_written")
+        write_json_atomic(os.path.join(cfg.out, PHASES), phases.stamps())
         if failure:
             print(f"enspipe: error: {failure}; the cell's numbers are in {FAILED_SUMMARY}", file=sys.stderr, flush=True)
         else:
