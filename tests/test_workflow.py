@@ -1,6 +1,7 @@
 """The Snakemake workflow: lint, dry runs, a full local run of config/test.yaml, a rerun of one
 cell by its target name, and the same grid through a real Slurm cluster where one is up
 (`.ci/slurm-up` starts a one-node cluster on localhost; CI does)."""
+import io
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import time
 import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 
 from enspipe.plan import grid
 
@@ -155,6 +157,19 @@ def test_every_figure_and_table_and_the_html_report(local_run):
     assert rep.returncode == 0, rep.stderr[-3000:]
     html = (wd / "report.html").read_text(errors="replace")
     assert "fig12_cpu_reduction.png" in html and "Paper vs this run" in html
+    embedded = _report_images(html)  # every figure is in the report, and every image in it loads
+    assert {p.name for p in figs.glob("*.png")} <= set(embedded)
+    for name, data in embedded.items():
+        Image.open(io.BytesIO(data)).load()
+
+
+def _report_images(html: str) -> dict[str, bytes]:
+    """The PNG images a Snakemake report embeds, by file name, decoded from their data URIs."""
+    import base64
+    import re
+
+    return {name: base64.b64decode(b) for name, b in
+            re.findall(r"data:image/png;charset=utf8;filename=([^;]+);base64,([A-Za-z0-9+/=]+)", html)}
 
 
 @pytest.mark.slow

@@ -172,9 +172,13 @@ def _quiet(node_cpu: float | None, process_cpu: float) -> dict:
 
 def ceiling_tolerance(df) -> float:
     """How far above the ceiling n a reduction may measure before it counts as a measuring error:
-    the noise of this table's own repeats (over every cell repeated at least 3 times, the largest
-    repeat's distance from its cell's median process CPU per delivered image), at least
-    :data:`CEILING_TOLERANCE` and at most :data:`MAX_CEILING_TOLERANCE`."""
+    :func:`repeat_noise`, at least :data:`CEILING_TOLERANCE` and at most :data:`MAX_CEILING_TOLERANCE`."""
+    return float(min(max(repeat_noise(df), CEILING_TOLERANCE), MAX_CEILING_TOLERANCE))
+
+
+def repeat_noise(df) -> float:
+    """The noise of this table's own repeats: over every cell repeated at least 3 times, the
+    largest repeat's distance from its cell's median process CPU per delivered image (0 without)."""
     col = "process_cpu_seconds_per_image"
     key = [k for k in ("network", "scheme", "n", "p", "cores", "consumer", "batch_size", "image_size") if k in df]
     noise = 0.0
@@ -183,7 +187,7 @@ def ceiling_tolerance(df) -> float:
             if len(g) >= 3:
                 v = g[col].to_numpy(float)
                 noise = max(noise, float(np.max(np.abs(v / np.median(v) - 1))))
-    return float(min(max(noise, CEILING_TOLERANCE), MAX_CEILING_TOLERANCE))
+    return noise
 
 
 def add_reductions(df):
