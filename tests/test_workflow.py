@@ -51,7 +51,7 @@ def _planned_cells(r) -> set[str]:
             if "output: results/runs/" in line}
 
 
-@pytest.mark.parametrize("name", ["config", "test", "paper", "cluster", None])
+@pytest.mark.parametrize("name", ["config", "full", "test", "paper", "cluster", None])
 def test_a_dry_run_lists_exactly_the_configs_own_cells(tmp_path, name):
     """Each shipped config is the whole experiment: its dry run plans its own cells, none inherited
     from the embedded default (None: no --configfile, the default itself)."""
