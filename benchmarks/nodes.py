@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 
@@ -38,18 +39,17 @@ BITS = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 
 
 def nodes() -> list[str]:
-    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True) if _has("sinfo") else None
-    names = sorted(set(r.stdout.split())) if r and r.returncode == 0 else []
+    """The namespaced cluster's nodes that Slurm knows (none without Slurm)."""
+    if not shutil.which("sinfo"):
+        return []
+    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True)
+    names = sorted(set(r.stdout.split())) if r.returncode == 0 else []
     return [x for x in names if x.startswith("node") and os.path.exists(f"/run/netns/enspipe-{x}")]
 
 
-def _has(tool: str) -> bool:
-    return any(os.access(os.path.join(d, tool), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep))
-
-
 def srun(hosts: int, per_node: int) -> list[str]:
-    spread_ = [f"--ntasks-per-node={per_node}"] if hosts > 1 else ["--overcommit"]  # a node has 2 CPUs here
-    return ["srun", "-N", str(hosts), "-n", str(hosts * per_node), *spread_, "--mpi=pmi2", "--kill-on-bad-exit=1"]
+    layout = [f"--ntasks-per-node={per_node}"] if hosts > 1 else ["--overcommit"]  # a node has 2 CPUs here
+    return ["srun", "-N", str(hosts), "-n", str(hosts * per_node), *layout, "--mpi=pmi2", "--kill-on-bad-exit=1"]
 
 
 def shape(rate: str) -> None:
