@@ -27,7 +27,7 @@ def test_every_arm_trains_every_member_its_epochs_within_the_accelerators(arm):
         for i, e in zip(r.members, r.epochs):
             trained[i] += e
     assert trained == {i: m.epochs for i, m in enumerate(SIX.members)}
-    if arm != "fleet":
+    if not arm.startswith("fleet"):
         assert all(set(r.widths) == {1} for r in rounds)
 
 
@@ -41,6 +41,20 @@ def test_fleet_replans_when_too_few_accelerators_stay_busy_and_beats_both_arms_i
     assert all(sum(r.widths) == SIX.accelerators for r in rounds)  # the greedy hands out every accelerator
     fleet, default, homog = (predicted_makespan(SIX, a, plan_rounds(SIX, a, 256)) for a in ("fleet", "default", "homogeneous"))
     assert fleet < default < homog
+
+
+def test_fleet_local_keeps_its_flotilla_and_hands_a_finished_members_accelerators_to_the_slowest():
+    """FLEET-L: a round ends when the first of its members is done, and the next has the same
+    members but that one, its accelerator given to the slowest of the others. FLEET-G keeps 4 of
+    5 busy (not below 0.8 G) and leaves the freed one idle to the flotilla's end."""
+    ens = Ensemble(tuple(EnsembleMember(n, r, e) for n, r, e in [("a", 100, 1), ("b", 100, 3), ("c", 95, 3),
+                                                                    ("d", 95, 3), ("e", 90, 3)]), 5)
+    local = plan_rounds(ens, "fleet_local", 100)
+    assert [(r.widths, r.epochs) for r in local] == [((1, 1, 1, 1, 1), (1, 1, 1, 1, 1)), ((1, 1, 1, 2), (2, 2, 2, 2))]
+    assert [ens.members[i].name for i in local[1].members] == ["b", "c", "d", "e"]  # e, the slowest, gets a's
+    glob = plan_rounds(ens, "fleet", 100)
+    assert [(r.widths, r.epochs) for r in glob] == [((1, 1, 1, 1, 1), (1, 3, 3, 3, 3))]
+    assert predicted_makespan(ens, "fleet_local", local) < predicted_makespan(ens, "fleet", glob)
 
 
 def test_the_default_arm_is_list_scheduled_and_homogeneous_waits_for_each_group():
@@ -121,7 +135,7 @@ def test_the_default_arm_runs_members_side_by_side(dataset, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("arm", ["fleet", "default"])
+@pytest.mark.parametrize("arm", ["fleet", "default", pytest.param("fleet_local", marks=pytest.mark.slow)])
 def test_an_arm_in_one_job_trains_the_same_epochs_with_one_launch(dataset, tmp_path, arm):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
@@ -168,7 +182,7 @@ def test_the_paper_scale_is_simulated_by_the_same_allocator():
     t = paper_scale(accelerators=(20, 80, 160))
     assert list(t["accelerators"]) == [20, 80, 160] and (t["members"] == 100).all()
     assert t["source"].str.startswith("simulated").all()
-    assert (t[["default_s", "homogeneous_s", "fleet_s"]] > 0).all().all()
+    assert (t[["default_s", "homogeneous_s", "fleet_s", "fleet_local_s"]] > 0).all().all()
     assert (t["fleet_over_homogeneous"] > 1).all()  # lockstep groups wait for their slowest member
     assert t["paper_fleet_over_default"].tolist() == [PAPER_FIG5[g][1] for g in (20, 80, 160)]
 

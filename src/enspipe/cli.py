@@ -268,7 +268,8 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
                    "train them for real network, lr, patience), accelerators and optionally per_node, efficiency, "
                    "replan_below, tolerance, seed, min_delta")
     p.add_argument("--arm", required=True, choices=ARMS, help="default: a pipeline per member; homogeneous: "
-                   "SC'18 sharing, G at a time; fleet: FLEET's flotillas")
+                   "SC'18 sharing, G at a time; fleet: FLEET-G's flotillas, re-planned when too few accelerators "
+                   "stay busy; fleet_local: FLEET-L, a finished member's accelerators to its flotilla's slowest")
     p.add_argument("--data", required=True, help="the dataset (its images must be a whole number of batches)")
     p.add_argument("--out", required=True, help="the arm's directory: a run per round, ensemble.json last")
     p.add_argument("--batch-size", type=positive_int, required=True, help="the shared global batch")

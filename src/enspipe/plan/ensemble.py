@@ -14,6 +14,11 @@ stream (``enspipe run`` with ``--member-rates``, ``--data-parallel`` and ``--mem
   over the members not yet done, with their remaining epochs as work; a flotilla stops at the
   first epoch end at which fewer than ``replan_below`` x G accelerators would stay busy, and the
   members not done join the next plan with the epochs they have left.
+* ``fleet_local`` (FLEET-L): the same greedy flotilla, kept until its last member is done: each
+  time one of its members finishes, the accelerators it freed go to the flotilla's others by the
+  greedy's spare-accelerator rule (:func:`enspipe.plan.fleet.give_spare`), with no new members
+  and no global re-plan; a round is the flotilla between two such finishes. Then the next
+  flotilla is chosen from the members left.
 
 Members train whole epochs, so a round ends on an epoch boundary and a member resumed in a later
 round goes on at the next epoch from its checkpoint: each of its epochs is one whole, exactly-once
@@ -32,9 +37,9 @@ from enspipe.models.networks import NetworkError, network_spec
 from enspipe.plan.options import plain_name
 from enspipe.plan.errors import require
 from enspipe.plan.fleet import (Member, Profile, assign_accelerators, create_flotilla, efficiency_per_doubling,
-                                emulated_profile, flotilla_time, measured_profile)
+                                emulated_profile, flotilla_time, give_spare, measured_profile)
 
-ARMS = ("default", "homogeneous", "fleet")
+ARMS = ("default", "homogeneous", "fleet", "fleet_local")
 MEMBER_KEYS = ("name", "rate", "epochs", "network", "lr", "patience", "rates", "batch_multiplier")
 
 
@@ -227,6 +232,8 @@ def plan_rounds(ens: Ensemble, arm: str, num_images: int, left: dict[int, int] |
             out.append(Round(first + len(out), idx, (1,) * len(idx), epochs,
                              _predicted(ens, idx, (1,) * len(idx), epochs, num_images)))
         return out
+    if arm == "fleet_local":
+        return _local_rounds(ens, left, num_images, first)
     out = []
     stop_below = math.ceil(ens.replan_below * ens.accelerators - 1e-9)  # ranks: fewer busy than 0.8 G
     while left:
@@ -247,6 +254,31 @@ def plan_rounds(ens: Ensemble, arm: str, num_images: int, left: dict[int, int] |
             left[i] -= e
             if left[i] == 0:
                 del left[i]
+    return out
+
+
+def _local_rounds(ens: Ensemble, left: dict[int, int], num_images: int, first: int) -> list[Round]:
+    """FLEET-L's rounds (see the module): a flotilla's members train together until the first of
+    them is done; its accelerators go to the others (``give_spare``), and so on to the last."""
+    out, left = [], dict(left)
+    while left:
+        members = ens.allocation_members(left, num_images)
+        f = create_flotilla(members, sorted(left), ens.accelerators, ens.tolerance)
+        widths = dict(zip(f.members, f.accelerators))
+        while widths:
+            idx = tuple(sorted(widths))
+            stop = min(left[i] for i in idx)  # epochs until the first of them is done
+            acc = tuple(widths[i] for i in idx)
+            trained = (stop,) * len(idx)
+            out.append(Round(first + len(out), idx, acc, trained, _predicted(ens, idx, acc, trained, num_images),
+                             assign_accelerators(acc, ens.per_node or ens.accelerators, idx)))
+            freed = 0
+            for i in idx:
+                left[i] -= stop
+                if left[i] == 0:
+                    del left[i]
+                    freed += widths.pop(i)
+            give_spare(ens.allocation_members(left, num_images), widths, freed)
     return out
 
 

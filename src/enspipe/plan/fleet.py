@@ -20,6 +20,8 @@ argues is NP-hard to minimise.
   whose rate is lowest. The paper's tolerance is 20 images/s, absolute and so bound to its
   hardware; here it is relative to the reference's rate (``tolerance``, default 0.15).
 * :func:`greedy_schedule` applies it round after round until every member is placed.
+* :func:`give_spare` is its last step alone: FLEET-L (the paper's local variant) gives a finished
+  member's accelerators to its flotilla's others with it, instead of re-planning the flotilla.
 * :func:`optimal_schedule` finds the minimum of the same objective exactly by dynamic programming
   over subsets (the best allocation of every subset, then the best partition), for up to about 10
   members; ``benchmarks/fleet_allocation.py`` reports the greedy's gap to it on random instances.
@@ -191,16 +193,26 @@ def create_flotilla(members: list[Member], candidates: list[int], accelerators: 
             break
         _, i, m = best
         chosen[i], free = m, free - m
-    while free > 0:  # spare accelerators to the slowest member that can use another
+    give_spare(members, chosen, free)
+    idx = tuple(sorted(chosen))
+    acc = tuple(chosen[i] for i in idx)
+    return Flotilla(idx, acc, _time(members, idx, acc))
+
+
+def give_spare(members: list[Member], chosen: dict[int, int], free: int) -> int:
+    """The greedy's last step: each of ``free`` spare accelerators, one at a time, to the member of
+    ``chosen`` (member -> its accelerators, updated in place) that is slowest on what it has and can
+    use another. Returns the accelerators nobody could use. FLEET-L hands a finished member's
+    accelerators to its flotilla's others the same way."""
+    rate = {i: members[i].profile.rate for i in chosen}
+    while free > 0:
         growable = [i for i in chosen if chosen[i] < members[i].profile.max_accelerators]
         if not growable:
             break
         slow = min(growable, key=lambda i: (rate[i](chosen[i]), i))
         chosen[slow] += 1
         free -= 1
-    idx = tuple(sorted(chosen))
-    acc = tuple(chosen[i] for i in idx)
-    return Flotilla(idx, acc, _time(members, idx, acc))
+    return free
 
 
 def greedy_schedule(members: list[Member], accelerators: int, per_node: int | None = None,

@@ -19,7 +19,7 @@ import pandas as pd
 from enspipe.plan.ensemble import ARMS, Ensemble, EnsembleMember, plan_rounds, predicted_makespan
 
 # The paper's Fig. 5 (read off the figure; ../shared/notes/fleet-notes.md): speed-up over the
-# default arm of homogeneous and FLEET-G, by GPU count, 100 DNNs on SummitDev.
+# default arm of homogeneous and FLEET-G, by GPU count, 100 DNNs on SummitDev. FLEET-L's: 0.89-1.67x.
 PAPER_FIG5 = {20: (0.66, 1.13), 40: (0.61, 1.20), 60: (0.67, 1.14), 80: (0.54, 1.04), 100: (1.00, 1.24),
               120: (1.00, 1.48), 140: (1.00, 1.70), 160: (1.00, 1.92)}
 PAPER_OVER_DEFAULT, PAPER_OVER_HOMOGENEOUS = (1.12, 1.92), (1.23, 1.97)
@@ -73,7 +73,9 @@ def paper_scale(members: int = 100, accelerators=(20, 40, 60, 80, 100, 120, 140,
         homog, fleet = PAPER_FIG5.get(g, (None, None))
         rows.append({"accelerators": g, "nodes": -(-g // per_node), "members": members,
                      "default_s": t["default"], "homogeneous_s": t["homogeneous"], "fleet_s": t["fleet"],
+                     "fleet_local_s": t["fleet_local"],
                      "fleet_over_default": t["default"] / t["fleet"], "fleet_over_homogeneous": t["homogeneous"] / t["fleet"],
+                     "fleet_local_over_default": t["default"] / t["fleet_local"],
                      "paper_fleet_over_default": fleet,
                      "paper_fleet_over_homogeneous": None if fleet is None else fleet / homog,
                      "source": f"simulated (emulated profiles, efficiency {efficiency}/doubling)"})
@@ -83,7 +85,7 @@ def paper_scale(members: int = 100, accelerators=(20, 40, 60, 80, 100, 120, 140,
 def speedups(arms: pd.DataFrame, column: str) -> dict[str, float] | None:
     """FLEET's speed-up over the default and homogeneous arms in ``column`` (a makespan), or None
     where an arm is missing."""
-    if not len(arms) or not set(ARMS) <= set(arms["arm"]):
+    if not len(arms) or not {"default", "homogeneous", "fleet"} <= set(arms["arm"]):
         return None
     get = arms.set_index("arm")[column].astype(float)
     return {a: get[a] / get["fleet"] for a in ("default", "homogeneous")}
