@@ -278,7 +278,7 @@ def _local_rounds(ens: Ensemble, left: dict[int, int], num_images: int, first: i
                 if left[i] == 0:
                     del left[i]
                     freed += widths.pop(i)
-            give_spare(ens.allocation_members(left, num_images), widths, freed)
+            give_spare(members, widths, freed)  # by the members' profiles, which their work does not change
     return out
 
 

@@ -30,9 +30,10 @@ members gets its ``t`` threads' cores, not ``C``):
     falling Single- and Multi-Broadcast curves suggest of its stack, is ``"binomial"``);
   - concurrent block broadcasts (Multi-Broadcast): the ``P`` broadcasts of ``m / P`` bytes share
     the links, ``T = sum`` of the ``P`` broadcasts; across nodes, with every root on a node of its
-    own (and a transport that posts them at once, ``CommCosts.serial_bcasts`` false), each root sends over its own link at once, and a node's link in carries every block
-    but its own: ``T = max(the slowest broadcast, m / bw)`` (``(P - 1) / P x m / bw`` where every
-    member is a root);
+    own and a transport that posts them at once (``CommCosts.serial_bcasts`` false), each root
+    sends over its own link at once, and a node's link in carries every block but its own:
+    ``T = max(the slowest broadcast, m / bw)`` (``(P - 1) / P x m / bw`` where every member is a
+    root);
 
   ``bw`` is the inter-node bandwidth where a collective crosses nodes, else the measured
   intra-node MPI bandwidth (a unit's MPI collectives are in flight together, but each still
@@ -259,22 +260,10 @@ def _structure(scheme_name: str, n: int, p: int | None, batch: int, nodes: int):
     return scheme, max(len(node) for node in layout), busy, steps, shares
 
 
-def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int, machine: Machine,
-            wire_dtype: str = "float32", node_shm: bool = True, block_images: int = DEFAULT_BLOCK_IMAGES) -> Prediction:
-    """The predicted steady state of one cell (see the module's formulas); raises
-    :class:`ConfigError` for a combination the scheme does not allow, or the tf.data service."""
-    kind = SCHEME_KINDS.get(scheme_name)
-    if kind is not None and kind.service:
-        raise ConfigError("scheme", f"{scheme_name} is not modelled (its gRPC path has not been fitted)",
-                          "choose one of enspipe's schemes")
-    scheme, per_node, busy, steps, shares = _structure(scheme_name, n, p, batch, min(machine.nodes, n))
-    cores, allowed, oversubscribed = member_cores(machine.cores_per_node, per_node, machine.core_limit, busy)
-    image_bytes = image_size * image_size * 3 * (1 if wire_dtype == "uint8" else 4)
-    m = batch * image_bytes
-    comm = machine.comm
-    unit = scheme.unit_batches(batch, block_images)  # batches behind one node barrier
-    # exchange: the steps in order, each over MPI across nodes or node-shared memory within one
-    t_x, copied = 0.0, {r: 0.0 for r in range(n)}  # seconds per batch; bytes each member copies
+def _exchange(steps, n: int, image_bytes: int, comm: CommCosts, node_shm: bool, unit: int):
+    """The exchange's seconds per batch and the bytes each member copies: the scheme's steps in
+    order, each over MPI across nodes or node-shared memory within one."""
+    t_x, copied = 0.0, {r: 0.0 for r in range(n)}
     for step, blocks, across, own_links in steps:
         shm = node_shm and not across
         bw = comm.inter_node_bandwidth if across else comm.bandwidth
@@ -300,6 +289,24 @@ def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int
                 t_x += max(max(times), into / bw)
             else:
                 t_x += sum(times)
+    return t_x, copied
+
+
+def predict(scheme_name: str, n: int, p: int | None, batch: int, image_size: int, machine: Machine,
+            wire_dtype: str = "float32", node_shm: bool = True, block_images: int = DEFAULT_BLOCK_IMAGES) -> Prediction:
+    """The predicted steady state of one cell (see the module's formulas); raises
+    :class:`ConfigError` for a combination the scheme does not allow, or the tf.data service."""
+    kind = SCHEME_KINDS.get(scheme_name)
+    if kind is not None and kind.service:
+        raise ConfigError("scheme", f"{scheme_name} is not modelled (its gRPC path has not been fitted)",
+                          "choose one of enspipe's schemes")
+    scheme, per_node, busy, steps, shares = _structure(scheme_name, n, p, batch, min(machine.nodes, n))
+    cores, allowed, oversubscribed = member_cores(machine.cores_per_node, per_node, machine.core_limit, busy)
+    image_bytes = image_size * image_size * 3 * (1 if wire_dtype == "uint8" else 4)
+    m = batch * image_bytes
+    comm = machine.comm
+    unit = scheme.unit_batches(batch, block_images)  # batches behind one node barrier
+    t_x, copied = _exchange(steps, n, image_bytes, comm, node_shm, unit)
     cpu_x = {r: copied[r] / comm.copy_bandwidth for r in range(n)}
     rp = machine.rate_at(cores)
     t_prep = max((hi - lo) / rp + cpu_x[r] / cores for r, (lo, hi) in shares.items() if hi > lo)

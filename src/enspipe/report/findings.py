@@ -3,11 +3,11 @@ threshold and whether the finding holds here.
 
 Every finding is a registered judge with a stated ``threshold``. A judge answers ``yes``, ``no``,
 ``partly``, ``not enough data here`` (the grid lacks its cells or repeats: the basis says what to
-run) or ``not testable here``: the cells exist, but this machine cannot express what produces the effect (a core limit equal to the cores a member
-gets anyway; members sharing one host's cores where the paper gave each its own node; an emulated
-accelerator that uses no CPU). Such a finding says why and is never ``yes``. Two invariants that
-any honest measurement satisfies are judged the same way: sharing between n members saves at most
-n x CPU, and cells of identical work agree.
+run) or ``not testable here``: the cells exist, but this machine cannot express what produces the
+effect (a core limit equal to the cores a member gets anyway; members sharing one host's cores
+where the paper gave each its own node; an emulated accelerator that uses no CPU). Such a finding
+says why and is never ``yes``. Two invariants that any honest measurement satisfies are judged
+the same way: sharing between n members saves at most n x CPU, and cells of identical work agree.
 
 A finding is judged on its direction and ordering, not on the paper's magnitudes: those came from
 16-core Titan nodes, one member per node, 1000 steps and n up to 150.
@@ -20,7 +20,7 @@ from typing import Callable
 import pandas as pd
 
 from enspipe.report import tables
-from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE
+from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, repeat_noise
 
 NETWORKS = ["alexnet_v2", "inception_v1", "vgg_a"]
 COLUMNS = ["finding", "source", "paper", "this_run", "threshold", "holds", "basis"]
@@ -346,14 +346,13 @@ def ceiling_finding(df, t):
     tol = d["ceiling_tolerance"].max() if "ceiling_tolerance" in d else CEILING_TOLERANCE
     text = f"{len(d)} shared cells; largest reduction / n: {worst:.2f} (allowed: {1 + tol:.2f}, the repeats' noise)"
     if len(above):
-        from enspipe.report.collect import repeat_noise
-
         noise = repeat_noise(df)
         ratio = above[["cpu_reduction_node", "cpu_reduction_process"]].max(axis=1) / above["n"]
         if noise > MAX_CEILING_TOLERANCE and (ratio <= 1 + noise).all():
             return untestable(text, f"this run's own repeats of one cell differ by up to {noise:.0%}, more than the "
                               f"{MAX_CEILING_TOLERANCE:.0%} the invariant allows, and every cell above n is within "
-                              f"that noise ({', '.join(above['cell'])}); a quieter machine, or more repeats, can judge it")
+                              f"that noise ({', '.join(above['cell'])}); a quieter machine, or more repeats, can "
+                              "judge it")
         return Verdict(text, False, "above n: " + ", ".join(above["cell"]))
     return Verdict(text, True, "reductions from cells.csv")
 

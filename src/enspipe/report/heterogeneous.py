@@ -85,7 +85,8 @@ def paper_scale(members: int = 100, accelerators=(20, 40, 60, 80, 100, 120, 140,
 def speedups(arms: pd.DataFrame, column: str) -> dict[str, float] | None:
     """FLEET's speed-up over the default and homogeneous arms in ``column`` (a makespan), or None
     where an arm is missing."""
-    if not len(arms) or not {"default", "homogeneous", "fleet"} <= set(arms["arm"]):
+    others = ("default", "homogeneous")
+    if not len(arms) or not {*others, "fleet"} <= set(arms["arm"]):
         return None
     get = arms.set_index("arm")[column].astype(float)
-    return {a: get[a] / get["fleet"] for a in ("default", "homogeneous")}
+    return {a: get[a] / get["fleet"] for a in others}
