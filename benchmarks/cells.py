@@ -27,13 +27,21 @@ def run_cell(data: str, n: int, args: list[str], launcher: tuple[str, ...] = ())
 def run_under(launch: list[str], data: str, args: list[str]) -> dict:
     """``LAUNCH python -m enspipe run ARGS`` on ``data`` (LAUNCH: mpiexec's or srun's command line
     up to the program); returns its summary."""
+    return run_outputs(launch, data, args, ("summary.json",))["summary.json"]
+
+
+def run_outputs(launch: list[str], data: str, args: list[str], names: tuple[str, ...]) -> dict[str, dict]:
+    """As :func:`run_under`, returning the cell's JSON outputs ``names`` by name."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [*launch, sys.executable, "-m", "enspipe", "run", "--data", data, "--out", out, *map(str, args)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-        with open(os.path.join(out, "summary.json")) as f:
-            return json.load(f)
+        out_files = {}
+        for name in names:
+            with open(os.path.join(out, name)) as f:
+                out_files[name] = json.load(f)
+        return out_files
 
 
 def cpu_per_image(s: dict) -> float:

@@ -12,16 +12,12 @@ outside its windows.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 
 import numpy as np
 
-from cells import MPIEXEC, dataset, spread
+from cells import MPIEXEC, dataset, run_outputs, spread
 
 # (phase, the stamp that ends it, what it is); "launch" starts at mpiexec's start, "exit" ends at its exit
 PHASES = (
@@ -45,17 +41,11 @@ PHASES = (
 
 
 def one(data: str, a) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [MPIEXEC, "-n", str(a.n), sys.executable, "-m", "enspipe", "run", "--data", data, "--out", out,
-               "--scheme", a.scheme, "--consumer", "peak", "--batch-size", str(a.batch), "--steps", str(a.steps),
-               "--warmup", str(a.warmup)]
-        t0 = time.time()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        t1 = time.time()
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-        with open(os.path.join(out, "phases.json")) as f:
-            stamps = json.load(f)
+    args = ["--scheme", a.scheme, "--consumer", "peak", "--batch-size", a.batch, "--steps", a.steps,
+            "--warmup", a.warmup]
+    t0 = time.time()
+    stamps = run_outputs([MPIEXEC, "-n", str(a.n)], data, args, ("phases.json",))["phases.json"]
+    t1 = time.time()
     times, prev = {}, t0
     for name, stamp, _ in PHASES:
         end = stamps[stamp] if stamp else t1
