@@ -30,7 +30,8 @@ import numpy as np
 import tensorflow as tf
 from cells import dataset, schedule, spread
 
-from enspipe.data.shards import load_manifest, read_slices
+from enspipe.data.records import load_manifest
+from enspipe.data.shards import read_slices
 from enspipe.data.preprocessing import make_preprocess_fn
 
 

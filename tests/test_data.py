@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 
 from enspipe.data.manifest import DataError
-from enspipe.data.shards import (digest_of, indexed, load_manifest, load_samples, read_slices, sample_ids,
-                                 sample_stream, scan, slice_of_batch, write_jpeg_folders_as_shards)
+from enspipe.data.records import first_samples, indexed, load_manifest, make_example, parse_slim
+from enspipe.data.shards import (SLIM_FEATURES, digest_of, load_samples, read_slices, sample_ids, sample_stream, scan,
+                                 slice_of_batch, write_jpeg_folders_as_shards)
 from enspipe.data.synthetic import make_dataset, synthetic_image
 
 
@@ -121,8 +122,6 @@ def test_corrupt_shard_is_named(tmp_path):
 
 
 def test_a_slim_record_parses_as_tensorflow_parses_it():
-    from enspipe.data.shards import SLIM_FEATURES, parse_slim
-
     def example(**features):
         return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
@@ -136,3 +135,24 @@ def test_a_slim_record_parses_as_tensorflow_parses_it():
         parse_slim(example(**{"image/class/label": label}), b"k:1")
     with pytest.raises(DataError, match="k:2: not a tf.train.Example"):
         parse_slim(b"\x0a\xff\xff\xff", b"k:2")
+
+
+def test_examples_written_without_tensorflow_read_as_tensorflow_reads_them():
+    payload = make_example({"image/encoded": b"\xff\xd8jpeg", "image/class/label": 7, "image/height": 3})
+    want = tf.io.parse_single_example(payload, SLIM_FEATURES | {"image/height": tf.io.FixedLenFeature([], tf.int64)})
+    assert (want["image/encoded"].numpy(), int(want["image/class/label"]), int(want["image/height"])) == (
+        b"\xff\xd8jpeg", 7, 3)
+    assert tf.train.Example.FromString(payload).features.feature["image/height"].int64_list.value == [3]
+
+
+@pytest.mark.parametrize("k", [1, 5, 12])
+def test_the_first_samples_are_the_streams_first_in_canonical_order(tmp_path, k):
+    """Read without TensorFlow, in the order the unshuffled stream interleaves 5 shards (4 at a
+    time, a finished one replaced by the next): the same keys and records as tf.data's."""
+    m = make_dataset(str(tmp_path / "d"), 13, seed=5, num_classes=3, images_per_shard=3)
+    assert len(m.files) == 5
+    stream = slice_of_batch(sample_stream(m, 0, 0, in_graph=True), 13, 0, 13).take(1)  # every record read
+    want = next(iter(stream))
+    got = first_samples(m, k)
+    assert [key for key, _ in got] == list(want["key"].numpy()[:k])
+    assert [payload for _, payload in got] == list(want["payload"].numpy()[:k])

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from enspipe.common.plugins import NotLoadable, load_function
-from enspipe.data.manifest import DataError
+from enspipe.data.manifest import DataError, Manifest
+from enspipe.data.records import example_features, first_samples, parse_slim, record_format
 
 SLIM = "slim"
 TFDS = "tfds"
@@ -31,18 +32,9 @@ class Parser:
         return self.name == SLIM
 
 
-def _example_features(payload: bytes, key: bytes):
-    import tensorflow as tf
-
-    try:
-        return tf.train.Example.FromString(payload).features.feature
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, whichever implementation
-        raise DataError(f"{key.decode()}: not a tf.train.Example ({e})") from None
-
-
 def _tfds(payload: bytes, key: bytes = b"?") -> tuple[bytes, int]:
     """A TensorFlow Datasets image-classification record: ``image`` (encoded) and ``label``."""
-    features = _example_features(payload, key)
+    features = example_features(payload, key)
     image = features["image"].bytes_list.value if "image" in features else ()
     label = features["label"].int64_list.value if "label" in features else ()
     if len(image) != 1 or len(label) != 1:
@@ -67,8 +59,6 @@ def _user(fn: Callable, name: str) -> Callable[[bytes, bytes], tuple[bytes, int]
 def resolve(spec) -> Parser:
     """The parser ``spec`` names: None or ``slim``, ``tfds``, ``package.module:function``, or a
     callable. Raises :class:`ValueError` naming what is wrong."""
-    from enspipe.data.shards import parse_slim
-
     if spec is None or spec == SLIM:
         return Parser(SLIM, parse_slim)
     if spec == TFDS:
@@ -82,14 +72,20 @@ def resolve(spec) -> Parser:
         raise ValueError(f"{e.problem} (a record format is slim, tfds or your function); {e.fix}") from None
 
 
-def format_problem(m) -> str | None:
-    """Why the dataset's records cannot be read in the format its manifest names (the function
-    cannot be had, or fails on the first record), or None."""
-    from enspipe.data.shards import first_samples, record_format
+def first_images(m: Manifest, k: int = 2) -> list[bytes]:
+    """The encoded images of the dataset's first ``k`` samples in canonical order, parsed in the
+    format its manifest names; raises :class:`ValueError` or :class:`DataError` naming the problem."""
+    parser = resolve(record_format(m))
+    if m.kind == "jpeg_folders":
+        return [payload for _, payload in first_samples(m, k)]
+    return [parser.fn(payload, key)[0] for key, payload in first_samples(m, k)]
 
+
+def format_problem(m: Manifest) -> str | None:
+    """Why the dataset's records cannot be read in the format its manifest names (the function
+    cannot be had, or fails on the first records), or None. Needs no TensorFlow."""
     try:
-        resolve(record_format(m))
-        first_samples(m, 0)
+        first_images(m)
     except (ValueError, DataError) as e:
         return str(e)
     return None

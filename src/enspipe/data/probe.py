@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from enspipe.data.manifest import Manifest
 from enspipe.data.preprocessing import UserPreprocess, decode
-from enspipe.data.shards import first_samples
+from enspipe.data.parse import first_images
 
 
 class PreprocessError(ValueError):
@@ -22,7 +22,7 @@ def probe_preprocess(fn, m: Manifest, seed: int) -> UserPreprocess:
     """``fn`` run in a tf.data graph on the dataset's first samples, with their seeds; returns it
     with its output's shape and dtype, or raises :class:`PreprocessError` naming it."""
     name = getattr(fn, "__qualname__", repr(fn))
-    encoded = first_samples(m, seed)
+    encoded = first_images(m)
 
     def one(e, position):
         return fn(decode(e), tf.stack([tf.constant(seed, tf.int64), position]))

@@ -22,14 +22,14 @@ import itertools
 import math
 import os
 import shutil
-import struct
 
 import numpy as np
 import tensorflow as tf
 
 from enspipe.common.atomic import write_json_atomic
-from enspipe.data.manifest import (JPEG_EXTENSIONS, MANIFEST, DataError, Manifest, candidate_shards,
-                                   manifest_dict, masked_crc32c, read_manifest)
+from enspipe.data.manifest import JPEG_EXTENSIONS, MANIFEST, DataError, Manifest, candidate_shards, manifest_dict
+from enspipe.data.records import (CYCLE, checked_payload, header_length, indexed, make_example, placeholder,
+                                  record_format)
 
 _ID_BUCKETS = 2**63 - 1
 _MASK64 = (1 << 64) - 1
@@ -115,13 +115,6 @@ def scan(root: str, parse=None) -> Manifest:
                     info=None if parser.slim else {"parse": parser.name})
 
 
-def load_manifest(root: str) -> Manifest:
-    """Read ``root/manifest.json``, or scan the directory when there is none."""
-    if not os.path.exists(os.path.join(root, MANIFEST)):
-        return scan(root)
-    return read_manifest(root)
-
-
 def verify_digest(m: Manifest) -> str | None:
     """Whether the manifest's digest is its shards' keys' (``<shard>:<index>`` for every record it
     counts); a problem, or None. Manifests without per-shard counts cannot be checked (None)."""
@@ -176,19 +169,6 @@ def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
     return max(1, min(shuffle_buffer, m.num_images // 4))
 
 
-CORRUPT_LABEL = -2  # the label of a placeholder for a record that could not be read (skip mode)
-
-
-def _placeholder() -> bytes:
-    """A Slim example with no image, standing in for an unreadable record in skip mode: it keeps
-    the record's place and key in the stream, and its decode fails, so the preprocess stage skips
-    and counts it like an undecodable image."""
-    return tf.train.Example(features=tf.train.Features(feature={
-        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""])),
-        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[CORRUPT_LABEL])),
-    })).SerializeToString()
-
-
 def resilient_records(path, count):
     """The records of one TFRecord shard, a placeholder in place of each one that cannot be read:
     a corrupt record is stepped over by its header's length (when the header itself checks out),
@@ -197,7 +177,7 @@ def resilient_records(path, count):
     from tensorflow.python.lib.io import _pywrap_record_io
 
     path = path.decode() if isinstance(path, bytes) else path
-    size, placeholder = os.path.getsize(path), _placeholder()
+    size, stand_in = os.path.getsize(path), placeholder()
     reader = _pywrap_record_io.RandomRecordReader(path)
     offset, index = 0, 0
     with open(path, "rb") as f:
@@ -206,21 +186,15 @@ def resilient_records(path, count):
                 record, offset = reader.read(offset)
             except tf.errors.OpError:
                 f.seek(offset)
-                head = f.read(12)
-                if len(head) < 12 or struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
+                length = header_length(f.read(12))
+                if length is None:
                     break  # the length itself is damaged: the rest of the shard cannot be followed
-                offset += 16 + struct.unpack("<Q", head[:8])[0]
-                record = placeholder
+                offset += 16 + length
+                record = stand_in
             yield record
             index += 1
     for _ in range(index, count):
-        yield placeholder
-
-
-def indexed(m: Manifest) -> bool:
-    """Whether the stream draws its order over ``(shard, record)`` numbers and members read only
-    their own records (TFRecords whose manifest counts every shard's records)."""
-    return m.kind == "tfrecord" and bool(m.counts) and all(c is not None for c in m.counts)
+        yield stand_in
 
 
 class RecordReader:
@@ -232,7 +206,7 @@ class RecordReader:
     buffer on every backward seek: 1.3 ms of CPU per record in a shuffled order, against 15 us
     here.) A record that cannot be read (a damaged payload, a damaged length field before it, a
     shard that ends before it) fails the run naming it, or with ``skip_corrupt`` reads as a
-    placeholder (:func:`_placeholder`) that the preprocess stage skips and counts.
+    placeholder (:func:`enspipe.data.records.placeholder`) that the preprocess stage skips and counts.
     """
 
     OPEN_SHARDS = 64  # shards kept open at once (the interleave reads 4 at a time)
@@ -250,10 +224,9 @@ class RecordReader:
         with open(path, "rb") as f:
             for i in range(count):
                 f.seek(offset)
-                head = f.read(12)
-                if len(head) < 12 or struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
+                length = header_length(f.read(12))
+                if length is None:
                     break  # the shard ends, or a length field is damaged: the rest cannot be found
-                length = struct.unpack("<Q", head[:8])[0]
                 if offset + 16 + length > size:
                     break
                 offsets[i], lengths[i] = offset, length
@@ -279,8 +252,8 @@ class RecordReader:
         raw = os.pread(self._fd(shard), length + 4, int(offsets[record]) + 12)
         if len(raw) < length + 4:
             return self._unreadable(shard, record, "the shard was cut short while being read")
-        payload = raw[:length]
-        if struct.unpack("<I", raw[length:])[0] != masked_crc32c(payload):
+        payload = checked_payload(raw, length)
+        if payload is None:
             return self._unreadable(shard, record, "its data does not match its CRC")
         return payload
 
@@ -291,7 +264,7 @@ class RecordReader:
 
     def _unreadable(self, shard: int, record: int, why: str) -> bytes:
         if self.skip_corrupt:
-            return _placeholder()
+            return placeholder()
         raise DataError(f"{self.paths[shard]}: corrupt TFRecord at record {record} ({why}); "
                         "pass --on-corrupt skip to skip and count it")
 
@@ -333,7 +306,7 @@ def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip
     if shuffle_buffer:
         files = files.shuffle(len(m.files), seed=epoch_seed)
     per_shard = shard_numbers if indexed(m) and not in_graph else (lambda path, count, shard: shard_records(path, count))
-    ds = files.interleave(per_shard, cycle_length=min(4, len(m.files)), block_length=1)
+    ds = files.interleave(per_shard, cycle_length=min(CYCLE, len(m.files)), block_length=1)
     return ds.shuffle(effective_shuffle_buffer(m, shuffle_buffer), seed=epoch_seed + 1) if shuffle_buffer else ds
 
 
@@ -412,7 +385,7 @@ class IndexedOrder:
             files = files.shuffle(len(self.counts), seed=seed)
         # records numbered across shards (no per-record function: tf.data runs one at ~10 us a call)
         ds = files.interleave(lambda count, first: tf.data.Dataset.range(first, first + count),
-                              cycle_length=min(4, len(self.counts)), block_length=1)
+                              cycle_length=min(CYCLE, len(self.counts)), block_length=1)
         if self.shuffle_buffer:
             ds = ds.shuffle(effective_shuffle_buffer(self.m, self.shuffle_buffer), seed=seed + 1)
         return ds
@@ -480,33 +453,6 @@ def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt:
         reader.close()
 
 
-def first_samples(m: Manifest, seed: int, k: int = 2) -> list[bytes]:
-    """The encoded images of the dataset's first ``k`` samples in canonical order."""
-    k = max(1, min(k, m.num_images))
-    return list(next(read_slices(m, seed, 0, False, k, 0, k))["encoded"])
-
-
-def record_format(m: Manifest) -> str | None:
-    """The format ``enspipe index --parse`` recorded for the dataset's records (None: Slim's)."""
-    return (m.info or {}).get("parse")
-
-
-def parse_slim(payload: bytes, key: bytes = b"?") -> tuple[bytes, int]:
-    """A serialized Slim ``tf.train.Example``'s encoded image and label, as ``tf.io.parse_example``
-    with :data:`SLIM_FEATURES` reads them (the label is -1 where it is absent), parsed by protobuf
-    in this thread: TensorFlow's op cost ~50 us per record plus ~1 ms per call, in the read stage
-    of every member."""
-    try:
-        features = tf.train.Example.FromString(payload).features.feature
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, whichever implementation
-        raise DataError(f"{key.decode()}: not a tf.train.Example ({e})") from None
-    encoded = features["image/encoded"].bytes_list.value if "image/encoded" in features else ()
-    if len(encoded) != 1:
-        raise DataError(f"{key.decode()}: the record has {len(encoded)} image/encoded values, not 1")
-    labels = features["image/class/label"].int64_list.value if "image/class/label" in features else ()
-    return encoded[0], int(labels[0]) if len(labels) else -1
-
-
 def load_samples(kind: str, batch: dict) -> dict:
     """Turn a batch of stream elements into ``encoded`` JPEG bytes and labels (parse or read files)."""
     if kind == "jpeg_folders":
@@ -552,22 +498,12 @@ def write_jpeg_folders_as_shards(src: str, out: str, images_per_shard: int = 102
                         info={"source": os.path.abspath(src)}, synthetic=False)
 
 
-def _bytes(v: bytes) -> tf.train.Feature:
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
-
-
-def _int(v: int) -> tf.train.Feature:
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
-
-
 def slim_example(encoded: bytes, label: int, height: int, width: int, filename: str, synset: str) -> bytes:
     """A ``tf.train.Example`` with TF-Slim's ImageNet feature keys."""
-    return tf.train.Example(features=tf.train.Features(feature={
-        "image/encoded": _bytes(encoded), "image/format": _bytes(b"JPEG"),
-        "image/class/label": _int(label), "image/class/synset": _bytes(synset.encode()),
-        "image/class/text": _bytes(synset.encode()), "image/height": _int(height), "image/width": _int(width),
-        "image/colorspace": _bytes(b"RGB"), "image/channels": _int(3), "image/filename": _bytes(filename.encode()),
-    })).SerializeToString()
+    return make_example({
+        "image/encoded": encoded, "image/format": b"JPEG", "image/class/label": label,
+        "image/class/synset": synset.encode(), "image/class/text": synset.encode(), "image/height": height,
+        "image/width": width, "image/colorspace": b"RGB", "image/channels": 3, "image/filename": filename.encode()})
 
 
 def write_shards(out: str, samples, num_images: int, num_classes: int, images_per_shard: int,

@@ -14,7 +14,8 @@ def load_validation(root: str, preprocessing, size: int) -> tuple[np.ndarray, np
     import tensorflow as tf
 
     from enspipe.data.preprocessing import EVAL_PREPROCESSING, UserPreprocess, decode
-    from enspipe.data.shards import load_manifest, read_slices, without_autotune
+    from enspipe.data.records import load_manifest
+    from enspipe.data.shards import read_slices, without_autotune
 
     m = load_manifest(root)
     samples = next(read_slices(m, 0, 0, False, m.num_images, 0, m.num_images))  # one canonical epoch

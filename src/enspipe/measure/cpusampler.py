@@ -12,6 +12,7 @@ import json
 import signal
 import socket
 import sys
+import threading
 import time
 
 FIELD_MAP = {"usr": "user", "nice": "nice", "sys": "system", "iowait": "iowait", "irq": "irq",
@@ -32,16 +33,15 @@ def main(argv: list[str]) -> int:
     interval = float(argv[0]) if argv else 1.0
     start = float(argv[1]) if len(argv) > 1 else time.time()
     host = socket.gethostname()
-    stop = []
+    stop = threading.Event()  # set by the signal: ends the wait at once (a plain sleep would run to its tick)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.append(True))
+        signal.signal(sig, lambda *_: stop.set())
     psutil.cpu_times_percent(percpu=True)  # the first call only sets the reference point
     next_t = start + interval
     while next_t < time.time():  # started late: the next tick still on START's grid
         next_t += interval
-    while not stop:
-        time.sleep(max(0.0, next_t - time.time()))
-        if stop:
+    while not stop.is_set():
+        if stop.wait(max(0.0, next_t - time.time())):
             break
         for r in rows(psutil.cpu_times_percent(percpu=True), time.time(), host):
             print(json.dumps(r), flush=True)

@@ -476,7 +476,7 @@ class RunConfig:
 
     def _probe_networks(self) -> None:
         """Each user's network that a member trains, built once before MPI starts (registered ones are known)."""
-        from enspipe.data.shards import load_manifest
+        from enspipe.data.records import load_manifest
         from enspipe.models.networks import NetworkError, network_spec
 
         num_classes = load_manifest(self.data).num_classes
@@ -606,7 +606,7 @@ def _check_dataset(name: str, path: str) -> None:
     """A dataset's manifest and shards, and its records' format (its parse function)."""
     from enspipe.data.manifest import check
     from enspipe.data.parse import format_problem
-    from enspipe.data.shards import load_manifest
+    from enspipe.data.records import load_manifest
 
     problem = check(path)
     _require(problem is None, name, str(problem), f"point --{name.replace('_', '-')} at a dataset "

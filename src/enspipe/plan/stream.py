@@ -114,7 +114,8 @@ class StreamConfig:
         raises :class:`ConfigError` naming the culprit. Collective-free: every rank reaches the
         same verdict."""
         from enspipe.data.manifest import DataError
-        from enspipe.data.shards import load_manifest, verify_digest
+        from enspipe.data.records import load_manifest
+        from enspipe.data.shards import verify_digest
 
         if not os.path.isdir(self.data):
             raise ConfigError("data", f"{self.data}: no such directory", "pass a dataset directory")

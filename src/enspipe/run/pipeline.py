@@ -34,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 from enspipe.data.manifest import DataError, Manifest
-from enspipe.data.shards import CORRUPT_LABEL, locate_corrupt_record, read_slices
+from enspipe.data.records import CORRUPT_LABEL
+from enspipe.data.shards import locate_corrupt_record, read_slices
 from enspipe.exchange.base import Batch
 from enspipe.exchange.engine import ExchangeEngine
 from enspipe.data.preprocessing import OUTPUT_RANGE, UserPreprocess, decode, make_preprocess_fn, output_spec
