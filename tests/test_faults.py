@@ -190,7 +190,7 @@ def _wait_for_steps(out, n, timeout=120):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("which", ["rank 0's proxy", "another proxy"])
+@pytest.mark.parametrize("which", [pytest.param("rank 0's proxy", marks=pytest.mark.slow), "another proxy"])
 def test_a_lost_node_fails_the_cell_fast(dataset, tmp_path, which):
     """``kill -9`` of a ``hydra_pmi_proxy`` is what a node failure looks like to MPICH: the node's
     members die with it and the others notice within the heartbeat timeout; no summary appears."""

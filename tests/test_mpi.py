@@ -17,8 +17,7 @@ COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--ste
 
 
 # every code path once in the quick suite (`make test`); the whole matrix in `make test-all`
-QUICK = {(2, "baseline", None), (3, "all_shared", None), (3, "single_broadcast", 1), (4, "single_broadcast", 2),
-         (3, "multi_broadcast", 2), (4, "multi_broadcast", 4)}
+QUICK = {(2, "baseline", None), (3, "all_shared", None), (4, "single_broadcast", 2), (3, "multi_broadcast", 2)}
 
 
 def _cells():
@@ -62,8 +61,9 @@ def test_shared_batches_equal_a_single_members(dataset, tmp_path):
     assert step_values(tmp_path / "one", 0) == step_values(tmp_path / "three", 2)
 
 
-@pytest.mark.parametrize("scheme, p, shm", [("all_shared", None, True), ("all_shared", None, False),
-                                            ("multi_broadcast", 2, True),
+@pytest.mark.parametrize("scheme, p, shm", [("all_shared", None, True),
+                                            pytest.param("all_shared", None, False, marks=pytest.mark.slow),
+                                            pytest.param("multi_broadcast", 2, True, marks=pytest.mark.slow),
                                             pytest.param("single_broadcast", 2, False, marks=pytest.mark.slow)])
 def test_units_deliver_the_batches_one_at_a_time_does(dataset, tmp_path, scheme, p, shm):
     """A member that reads, preprocesses and exchanges several batches at a time (the default:

@@ -36,6 +36,7 @@ def test_one_worker_delivers_all_shareds_batches(dataset, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_several_workers_each_stream_the_whole_dataset(dataset, tmp_path):
     """ShardingPolicy.OFF: each of P workers streams the whole dataset in its own order, and the
     members read from all of them (a client learns of a worker's task at its next heartbeat to the

@@ -30,9 +30,13 @@ from enspipe.run.window import measure, stop, warm_up
 
 
 def run(cfg: RunConfig) -> int:
+    from enspipe.common.host import launched
     from enspipe.common.liveness import die_with_launcher
 
     die_with_launcher()  # a lost node's members must not run on as orphans
+    place = launched()
+    if place is not None and _refused(cfg, *place):  # before MPI: a job whose ranks all exit 2 exits 2
+        return 2
     reap_killed_jobs_segments()
     from mpi4py import MPI
 
@@ -46,11 +50,29 @@ def run(cfg: RunConfig) -> int:
         scheme = make_scheme(cfg.stream.scheme, n, cfg.stream.preprocessors, cfg.global_batch)
         _check_members(cfg, n)
     except ConfigError as e:  # every rank reaches the same verdict: no collective needed
-        if rank == 0:
-            print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
+        _say_refused(rank, e)
         return 2
 
     return _run_guarded(cfg, comm, scheme)
+
+
+def _refused(cfg: RunConfig, rank: int, n: int) -> bool:
+    """Whether the options cannot run on the ``n`` ranks launched, said by rank 0. Checked before
+    MPI starts wherever the launcher says ``n``: once MPI is up, a rank that exits 2 while another
+    is still in MPI_Finalize gets that one killed, and the job's status would say 9."""
+    try:
+        if cfg.stream.scheme != AUTO:  # auto's scheme is chosen once MPI places the ranks
+            make_scheme(cfg.stream.scheme, n, cfg.stream.preprocessors, cfg.global_batch)
+        _check_members(cfg, n)
+    except ConfigError as e:
+        _say_refused(rank, e)
+        return True
+    return False
+
+
+def _say_refused(rank: int, e: ConfigError) -> None:
+    if rank == 0:
+        print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
 
 
 def leave(rc: int) -> int:
