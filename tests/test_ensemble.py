@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import enspipe
-from enspipe.plan.ensemble import ARMS, Ensemble, EnsembleMember, plan_rounds, predicted_makespan
+from enspipe.plan.ensemble import ARMS, Ensemble, EnsembleMember, model_times, plan_rounds
 from enspipe.plan.errors import ConfigError
 
 SIX = Ensemble(tuple(EnsembleMember(n, r, e) for n, r, e in
@@ -39,7 +39,8 @@ def test_fleet_replans_when_too_few_accelerators_stay_busy_and_beats_both_arms_i
         for k in range(1, stop):
             assert sum(g for g, e in zip(r.widths, r.epochs) if e > k) >= 0.8 * SIX.accelerators
     assert all(sum(r.widths) == SIX.accelerators for r in rounds)  # the greedy hands out every accelerator
-    fleet, default, homog = (predicted_makespan(SIX, a, plan_rounds(SIX, a, 256)) for a in ("fleet", "default", "homogeneous"))
+    fleet, default, homog = (model_times(SIX, a, plan_rounds(SIX, a, 256), 256).makespan
+                             for a in ("fleet", "default", "homogeneous"))
     assert fleet < default < homog
 
 
@@ -54,15 +55,59 @@ def test_fleet_local_keeps_its_flotilla_and_hands_a_finished_members_accelerator
     assert [ens.members[i].name for i in local[1].members] == ["b", "c", "d", "e"]  # e, the slowest, gets a's
     glob = plan_rounds(ens, "fleet", 100)
     assert [(r.widths, r.epochs) for r in glob] == [((1, 1, 1, 1, 1), (1, 3, 3, 3, 3))]
-    assert predicted_makespan(ens, "fleet_local", local) < predicted_makespan(ens, "fleet", glob)
+    local_t, glob_t = model_times(ens, "fleet_local", local, 100), model_times(ens, "fleet", glob, 100)
+    assert local_t.makespan < glob_t.makespan
+    # G leaves a's accelerator idle for 2 of its 3 epochs' time (at the slowest's 90/s) after a's 1 s
+    assert glob_t.wait_per_accelerator == pytest.approx(
+        glob_t.makespan - (100 / 100 + 3 * 100 / 100 + 2 * 300 / 95 + 300 / 90) / 5)
+    assert local_t.wait_per_accelerator < glob_t.wait_per_accelerator
+
+
+@pytest.mark.parametrize("arm", ["fleet", "fleet_local"])
+def test_replanning_after_each_round_keeps_the_plan_and_fleet_local_its_flotilla(arm):
+    """A runner re-plans after every round from what is left (and, FLEET-L, the flotilla it ran
+    last): with fixed epochs that is the plan made up front. FLEET-L's flotilla goes on without
+    a re-plan of everyone left: d, waiting outside it, never joins it."""
+    ens = Ensemble(tuple(EnsembleMember(n, r, e) for n, r, e in [("a", 9.6, 3), ("b", 24, 2), ("c", 12, 6),
+                                                                    ("d", 4.8, 4), ("e", 24, 4)]), 4)
+    full = plan_rounds(ens, arm, 16)
+    left, got, last = {i: m.epochs for i, m in enumerate(ens.members)}, [], None
+    while plan := plan_rounds(ens, arm, 16, left, len(got), last):
+        last = plan[0]
+        got.append(last)
+        left = {i: e - dict(zip(last.members, last.epochs)).get(i, 0) for i, e in left.items()}
+        left = {i: e for i, e in left.items() if e > 0}
+    assert got == full
+    if arm == "fleet_local":
+        names = [{ens.members[i].name for i in r.members} for r in full]
+        assert names[:3] == [{"b", "c", "e"}, {"c", "e"}, {"c"}]  # the first flotilla to its last member
+        assert len(full) > len(plan_rounds(ens, "fleet", 16))
 
 
 def test_the_default_arm_is_list_scheduled_and_homogeneous_waits_for_each_group():
     two = Ensemble((EnsembleMember("slow", 10, 1), EnsembleMember("fast", 100, 1), EnsembleMember("x", 100, 1)), 2)
-    assert predicted_makespan(two, "default", plan_rounds(two, "default", 100)) == pytest.approx(10.0)
+    default = model_times(two, "default", plan_rounds(two, "default", 100), 100)
+    assert default.makespan == pytest.approx(10.0)
     rounds = plan_rounds(two, "homogeneous", 100)
     assert [len(r.members) for r in rounds] == [2, 1]
-    assert predicted_makespan(two, "homogeneous", rounds) == pytest.approx(sum(r.predicted_seconds for r in rounds))
+    homog = model_times(two, "homogeneous", rounds, 100)
+    assert homog.makespan == pytest.approx(sum(r.predicted_seconds for r in rounds))
+    # each round costs its set-up once, one after another (default: on whichever accelerator frees first)
+    assert model_times(two, "homogeneous", rounds, 100, 2.0).makespan == pytest.approx(homog.makespan + 4.0)
+    assert model_times(two, "default", plan_rounds(two, "default", 100), 100, 2.0).makespan == pytest.approx(12.0)
+
+
+def test_run_lengths_and_waits_follow_the_lockstep():
+    """Two members in lockstep at the slower's pace: the fast one (100/s) trains 100 images in the
+    slow one's (10/s) 10 s; it finishes with it, its accelerator busy 1 s of them."""
+    pair = Ensemble((EnsembleMember("slow", 10, 1), EnsembleMember("fast", 100, 1)), 2)
+    t = model_times(pair, "homogeneous", plan_rounds(pair, "homogeneous", 100), 100)
+    assert t.run_lengths == pytest.approx((10.0, 10.0))
+    assert t.wait_per_accelerator == pytest.approx(10.0 - (10.0 + 1.0) / 2)
+    # one member that needs twice the other's work: the faster leaves early, then the pace is its own
+    uneven = Ensemble((EnsembleMember("a", 10, 1), EnsembleMember("b", 20, 2)), 2)
+    t = model_times(uneven, "homogeneous", plan_rounds(uneven, "homogeneous", 100), 100)
+    assert t.run_lengths == pytest.approx((10.0, 15.0)) and t.makespan == pytest.approx(15.0)
 
 
 @pytest.mark.parametrize("spec, field", [
@@ -135,7 +180,8 @@ def test_the_default_arm_runs_members_side_by_side(dataset, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("arm", ["fleet", "default", pytest.param("fleet_local", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("arm", ["fleet", pytest.param("default", marks=pytest.mark.slow),
+                                 pytest.param("fleet_local", marks=pytest.mark.slow)])
 def test_an_arm_in_one_job_trains_the_same_epochs_with_one_launch(dataset, tmp_path, arm):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
@@ -177,14 +223,23 @@ def test_a_missing_spec_exits_2(dataset, tmp_path):
 
 
 def test_the_paper_scale_is_simulated_by_the_same_allocator():
-    from enspipe.report.heterogeneous import PAPER_FIG5, paper_scale
+    from enspipe.report.heterogeneous import PAPER_FIG5, paper_scale, paper_waits, simulate_paper_scale
 
-    t = paper_scale(accelerators=(20, 80, 160))
+    sim = simulate_paper_scale(accelerators=(20, 80, 160))
+    t = paper_scale(sim)
     assert list(t["accelerators"]) == [20, 80, 160] and (t["members"] == 100).all()
     assert t["source"].str.startswith("simulated").all()
     assert (t[["default_s", "homogeneous_s", "fleet_s", "fleet_local_s"]] > 0).all().all()
     assert (t["fleet_over_homogeneous"] > 1).all()  # lockstep groups wait for their slowest member
-    assert t["paper_fleet_over_default"].tolist() == [PAPER_FIG5[g][1] for g in (20, 80, 160)]
+    assert t["paper_fleet_over_default"].tolist() == [PAPER_FIG5[g][2] for g in (20, 80, 160)]
+    assert t["paper_fleet_local_over_default"].tolist() == [PAPER_FIG5[g][1] for g in (20, 80, 160)]
+    # FLEET-L ends a round at every member's finish: its rounds' costs weigh more than G's
+    assert (t["fleet_local_rounds"] > t["fleet_rounds"]).all()
+    assert (t["fleet_over_fleet_local"] > t["fleet_over_fleet_local_without_round_cost"]).all()
+    w = paper_waits(sim)
+    assert len(w) == 3 * len(ARMS) and (w["wait_per_accelerator_s"] >= 0).all() and (w["run_length_std_s"] >= 0).all()
+    assert w.loc[(w["accelerators"] == 80) & (w["arm"] == "default"), "paper_run_length_mean_std_at_80"].item() == (
+        "10372 / 4179")
 
 
 def test_a_failed_round_is_named_with_the_end_of_its_log(tmp_path):

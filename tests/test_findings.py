@@ -237,14 +237,16 @@ def test_planner_finding():
     assert t["candidates"] == 3 and round(t["rate_vs_best"], 3) == round(540 / 560, 3)
 
 
+def record(arm, makespan, free, rounds=1, busy=400.0):
+    """An arm's ensemble.json (six members on 4 accelerators) of these makespans and busy seconds."""
+    return {"arm": arm, "members": [{}] * 6, "accelerators": 4, "rounds": [{}] * rounds, "makespan_seconds": makespan,
+            "launch_free_makespan_seconds": free, "predicted_makespan_seconds": free,
+            "accelerator_busy_fraction": 0.5, "accelerator_busy_seconds": busy, "cpu_seconds": 1.0,
+            "node_cpu_seconds": 1.0, "energy_joules": 1.0, "resumed_rounds": [], "emulated": True, "timeline": []}
+
+
 def test_fleet_finding():
     from enspipe.report.heterogeneous import arms_table
-
-    def record(arm, makespan, free):
-        return {"arm": arm, "members": [{}] * 6, "accelerators": 4, "rounds": [{}], "makespan_seconds": makespan,
-                "launch_free_makespan_seconds": free, "predicted_makespan_seconds": free,
-                "accelerator_busy_fraction": 0.5, "cpu_seconds": 1.0, "node_cpu_seconds": 1.0, "energy_joules": 1.0,
-                "resumed_rounds": [], "emulated": True}
 
     def t(fleet_free):
         recs = {a: record(a, m, f) for a, m, f in [("default", 200, 150), ("homogeneous", 250, 210),
@@ -256,6 +258,28 @@ def test_fleet_finding():
     row = findings.verdict(findings.fleet_finding, cells(), t(120))
     assert "1.25x over default" in row["this_run"] and "1.75x over homogeneous" in row["this_run"]
     assert holds(findings.fleet_finding, heterogeneous=arms_table({})) == findings.NOT_ENOUGH
+
+
+def test_fleet_local_finding():
+    from enspipe.report.heterogeneous import arms_table
+
+    def t(local_free, sim):
+        recs = {"fleet": record("fleet", 130, 120, rounds=3), "fleet_local": record("fleet_local", 140, local_free, 5)}
+        return {"heterogeneous": arms_table(recs),
+                "paper_scale": frame(*({"fleet_over_fleet_local": x, "fleet_over_fleet_local_without_round_cost": x - 0.05}
+                                       for x in sim))}
+
+    ahead, behind = [1.02] * 7 + [0.99], [0.98] * 6 + [1.01] * 2
+    assert holds(findings.fleet_local_finding, **t(130, ahead)) == YES   # G ahead in the run and at 7 of 8 counts
+    assert holds(findings.fleet_local_finding, **t(120, ahead)) == YES   # a tie in the run is within 5%
+    assert holds(findings.fleet_local_finding, **t(110, ahead)) == "partly"  # L 9% faster in the run
+    assert holds(findings.fleet_local_finding, **t(130, behind)) == "partly"
+    assert holds(findings.fleet_local_finding, **t(110, behind)) == NO
+    row = findings.verdict(findings.fleet_local_finding, cells(), t(130, ahead))
+    assert "G 1.08x L" in row["this_run"] and "ahead at 7 of 8" in row["this_run"]
+    assert "wait per accelerator 20.0 s vs 30.0 s" in row["this_run"]  # the makespan less busy / 4
+    no_local = {"heterogeneous": arms_table({"fleet": record("fleet", 130, 120)})}
+    assert holds(findings.fleet_local_finding, **no_local) == findings.NOT_ENOUGH
 
 
 def test_lag_finding():

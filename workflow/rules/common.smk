@@ -11,6 +11,8 @@ from snakemake.utils import min_version, validate
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from enspipe.plan import grid  # noqa: E402
+from enspipe.plan.ensemble import ARMS, Ensemble  # noqa: E402
+from enspipe.plan.errors import ConfigError  # noqa: E402
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS  # noqa: E402
 from enspipe.report import figures  # noqa: E402
 
@@ -59,8 +61,6 @@ HET = config.get("heterogeneous")  # a heterogeneous ensemble (FLEET), trained b
 HET_DATA = "results/heterogeneous/dataset"
 ENSEMBLES = []
 if HET:
-    from enspipe.plan.ensemble import ARMS, Ensemble  # noqa: E402
-    from enspipe.plan.errors import ConfigError  # noqa: E402
 
     try:
         Ensemble.from_dict(HET["ensemble"])

@@ -58,8 +58,8 @@ rule ensemble_spec:
 
 
 rule ensemble_arm:
-    """One arm (default, homogeneous or fleet) of the heterogeneous ensemble (emulated accelerators, or
-    members that train their networks for real)."""
+    """One arm (default, homogeneous, fleet or fleet_local) of the heterogeneous ensemble (emulated
+    accelerators, or members that train their networks for real)."""
     input:
         spec="results/heterogeneous/spec.json",
         manifest=f"{HET_DATA}/manifest.json",
@@ -67,7 +67,7 @@ rule ensemble_arm:
     output:
         result="results/heterogeneous/{arm}/ensemble.json",
     wildcard_constraints:
-        arm="default|homogeneous|fleet",
+        arm="|".join(ARMS),
     params:
         enspipe=ENSPIPE,
         data=lambda wildcards, input: os.path.dirname(input.manifest),

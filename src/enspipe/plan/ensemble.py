@@ -37,7 +37,7 @@ from enspipe.models.networks import NetworkError, network_spec
 from enspipe.plan.options import plain_name
 from enspipe.plan.errors import require
 from enspipe.plan.fleet import (Member, Profile, assign_accelerators, create_flotilla, efficiency_per_doubling,
-                                emulated_profile, flotilla_time, give_spare, measured_profile)
+                                emulated_profile, flotilla_time, give_spare, lockstep_finishes, measured_profile)
 
 ARMS = ("default", "homogeneous", "fleet", "fleet_local")
 MEMBER_KEYS = ("name", "rate", "epochs", "network", "lr", "patience", "rates", "batch_multiplier")
@@ -209,12 +209,13 @@ def _predicted(ens: Ensemble, idx, widths, epochs, num_images: int) -> float:
 
 
 def plan_rounds(ens: Ensemble, arm: str, num_images: int, left: dict[int, int] | None = None,
-                first: int = 0) -> list[Round]:
+                first: int = 0, after: Round | None = None) -> list[Round]:
     """The rounds of ``arm`` (see the module) for the epochs ``left`` to each member (default: all
     of every member's; a member absent or at 0 is done), numbered from ``first``. ``default``
     rounds are one member each and may run at once (at most G together); the others run one after
     another. A runner re-plans from what is left after each round, so a member that stops early
-    (early stopping) changes the rounds after it."""
+    (early stopping) changes the rounds after it; ``after``, the round it ran last, is the flotilla
+    that FLEET-L goes on with."""
     require(arm in ARMS, "arm", f"unknown arm {arm!r}", f"choose one of {', '.join(ARMS)}")
     left = {i: e for i, e in (left if left is not None else {i: m.epochs for i, m in enumerate(ens.members)}).items()
             if e > 0}
@@ -233,7 +234,7 @@ def plan_rounds(ens: Ensemble, arm: str, num_images: int, left: dict[int, int] |
                              _predicted(ens, idx, (1,) * len(idx), epochs, num_images)))
         return out
     if arm == "fleet_local":
-        return _local_rounds(ens, left, num_images, first)
+        return _local_rounds(ens, left, num_images, first, after)
     out = []
     stop_below = math.ceil(ens.replan_below * ens.accelerators - 1e-9)  # ranks: fewer busy than 0.8 G
     while left:
@@ -257,14 +258,23 @@ def plan_rounds(ens: Ensemble, arm: str, num_images: int, left: dict[int, int] |
     return out
 
 
-def _local_rounds(ens: Ensemble, left: dict[int, int], num_images: int, first: int) -> list[Round]:
+def _local_rounds(ens: Ensemble, left: dict[int, int], num_images: int, first: int,
+                  after: Round | None = None) -> list[Round]:
     """FLEET-L's rounds (see the module): a flotilla's members train together until the first of
-    them is done; its accelerators go to the others (``give_spare``), and so on to the last."""
+    them is done; its accelerators go to the others (``give_spare``), and so on to the last.
+    ``after``: the round that ran last, whose members still left go on as the flotilla."""
     out, left = [], dict(left)
+    members = ens.allocation_members(left, num_images)
+    ongoing = {} if after is None else {i: g for i, g in zip(after.members, after.widths) if i in left}
+    if ongoing:  # the accelerators of its members that are done go to its others
+        give_spare(members, ongoing, sum(after.widths) - sum(ongoing.values()))
     while left:
         members = ens.allocation_members(left, num_images)
-        f = create_flotilla(members, sorted(left), ens.accelerators, ens.tolerance)
-        widths = dict(zip(f.members, f.accelerators))
+        if ongoing:
+            widths, ongoing = ongoing, {}
+        else:
+            f = create_flotilla(members, sorted(left), ens.accelerators, ens.tolerance)
+            widths = dict(zip(f.members, f.accelerators))
         while widths:
             idx = tuple(sorted(widths))
             stop = min(left[i] for i in idx)  # epochs until the first of them is done
@@ -307,6 +317,33 @@ def arm_slots(ens: Ensemble, arm: str) -> int:
     return ens.accelerators if arm == "default" else 1
 
 
-def predicted_makespan(ens: Ensemble, arm: str, rounds: list[Round]) -> float:
-    """The time model's makespan: rounds one after another, or (default) list-scheduled on G."""
-    return list_schedule([r.predicted_seconds for r in rounds], arm_slots(ens, arm))
+@dataclass(frozen=True)
+class ArmTimes:
+    """What the time model says of an arm's rounds: its makespan, each accelerator's mean wait
+    (the makespan less the seconds it trained: lockstep waits for a flotilla's slowest, rounds'
+    costs, accelerators left idle) and each member's run length (from its first round's start to
+    its finish in its last), in member order."""
+
+    makespan: float
+    wait_per_accelerator: float
+    run_lengths: tuple[float, ...]
+
+
+def model_times(ens: Ensemble, arm: str, rounds: list[Round], num_images: int, round_seconds: float = 0.0) -> ArmTimes:
+    """The rounds timed by the lockstep model, each costing ``round_seconds`` before it trains
+    (its members' checkpoints restored and its job or communicators set up); rounds run one after
+    another, or (default) list-scheduled on G accelerators (:func:`arm_slots`)."""
+    slots, start, end, busy = [0.0] * arm_slots(ens, arm), {}, {}, 0.0
+    for r in rounds:
+        slots.sort()
+        t0 = slots[0] + round_seconds
+        work = [e * num_images for e in r.epochs]
+        rates = [ens.profile(i).rate(g) for i, g in zip(r.members, r.widths)]
+        finishes = lockstep_finishes(work, rates)
+        slots[0] = t0 + max(finishes)
+        for i, g, w, rate, f in zip(r.members, r.widths, work, rates, finishes):
+            start.setdefault(i, t0)
+            end[i] = t0 + f
+            busy += g * w / rate  # its accelerators train; in lockstep a faster member waits the rest
+    makespan = max(slots)
+    return ArmTimes(makespan, makespan - busy / ens.accelerators, tuple(end[i] - start[i] for i in sorted(end)))

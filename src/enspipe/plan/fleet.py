@@ -152,16 +152,23 @@ class Flotilla:
                 "time": self.time, "placement": {members[i].name: v for i, v in self.placement.items()}}
 
 
-def flotilla_time(work: list[float], rates: list[float]) -> float:
-    """Lockstep training time of members with these remaining ``work`` (images) and rates: all at
-    the slowest unfinished member's pace, which rises as members finish (the module's formula)."""
+def lockstep_finishes(work: list[float], rates: list[float]) -> list[float]:
+    """When each member with these remaining ``work`` (images) and rates is done, training in
+    lockstep: all at the slowest unfinished member's pace, which rises as members finish."""
     order = sorted(range(len(work)), key=lambda i: work[i])
-    t, done = 0.0, 0.0
+    t, done, out = 0.0, 0.0, [0.0] * len(work)
     for k, i in enumerate(order):
         pace = min(rates[j] for j in order[k:])
         t += (work[i] - done) / pace
         done = work[i]
-    return t
+        out[i] = t
+    return out
+
+
+def flotilla_time(work: list[float], rates: list[float]) -> float:
+    """Lockstep training time of members with these remaining ``work`` and rates (the module's
+    formula): its last member's finish."""
+    return max(lockstep_finishes(work, rates))
 
 
 def _time(members: list[Member], idx: tuple[int, ...], acc: tuple[int, ...]) -> float:

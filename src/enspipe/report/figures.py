@@ -399,6 +399,41 @@ def arms_figure(t: pd.DataFrame, path_stem: str) -> None:
           "accelerators; busy: accelerator-busy fraction of the makespan with launches.")
 
 
+def wait_figure(t: pd.DataFrame, sim: pd.DataFrame, path_stem: str) -> None:
+    """The paper's Fig. 6 and Table 3 for this run's arms and at the paper's scale: the wait per
+    accelerator (the makespan less the seconds it trained) and the members' run lengths."""
+    title = "Wait per accelerator and members' run lengths, per arm"
+    if t.empty and sim.empty:
+        return _no_data(path_stem, title, "no heterogeneous experiment in the config")
+    fig, (ax, ax_run, ax_sim) = _plt().subplots(1, 3, figsize=(13, 4), layout="constrained")
+    if not t.empty:
+        x = np.arange(len(t))
+        cols = [("wait_per_accelerator_s", "measured, launches included"),
+                ("launch_free_wait_per_accelerator_s", "measured, without launches"),
+                ("model_wait_per_accelerator_s", "time model")]
+        for k, (col, label) in enumerate(cols):
+            ax.bar(x + (k - 1) * 0.27, t[col].astype(float), 0.27, label=label, color=f"C{k}")
+        ax.set(xticks=x, xticklabels=t["arm"], ylabel="seconds", title="this run: wait per accelerator")
+        ax.legend(fontsize=7)
+        ax_run.bar(x - 0.2, t["run_length_mean_s"].astype(float), 0.4, yerr=t["run_length_std_s"].astype(float),
+                   capsize=3, label="measured (mean, std)", color="C0")
+        ax_run.bar(x + 0.2, t["model_run_length_mean_s"].astype(float), 0.4,
+                   yerr=t["model_run_length_std_s"].astype(float), capsize=3, label="time model", color="C2")
+        ax_run.set(xticks=x, xticklabels=t["arm"], ylabel="seconds", title="this run: members' run lengths")
+        ax_run.legend(fontsize=7)
+    if not sim.empty:
+        for arm, g in sim.groupby("arm", sort=False):
+            ax_sim.plot(g["accelerators"], g["wait_per_accelerator_s"], "o-", label=arm, ms=4)
+        ax_sim.set(yscale="log", xlabel="accelerators", ylabel="seconds (log)",
+                   title="SIMULATED, 100 members: wait per accelerator")
+        ax_sim.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path_stem, "This run: EMULATED accelerators; a wait is an accelerator's idle seconds in the arm "
+          "(in lockstep a faster member waits for the shared stream; freed accelerators idle until the next round; "
+          "the rounds' set-up). Right: SIMULATED by the time model at the paper's scale (the paper's Fig. 6: "
+          "homogeneous 130-300 s, FLEET-L 25-150 s, FLEET-G 1-17 s per GPU, where its wait may count otherwise).")
+
+
 def timeline_figure(t: pd.DataFrame, path_stem: str) -> None:
     """The fleet arm's timeline: each member's training on its accelerators (one row each), the
     rounds (flotillas; a round's end is every member's checkpoint) as shaded spans."""
@@ -484,7 +519,9 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
     ensembles = {r["arm"]: r for r in map(_json, ensemble_jsons or []) if r}
     derived["heterogeneous"] = heterogeneous.arms_table(ensembles)
     derived["timeline"] = heterogeneous.timeline_rows(ensembles.get("fleet"))
-    derived["paper_scale"] = heterogeneous.paper_scale()
+    sim = heterogeneous.simulate_paper_scale()
+    derived["paper_scale"], derived["paper_waits"] = heterogeneous.paper_scale(sim), heterogeneous.paper_waits(sim)
+    derived["paper_sim"] = sim
     ins = Inputs(df, derived, rates, idle, ensembles)
     os.makedirs(out_dir, exist_ok=True)
     for o in OUTPUTS.values():
@@ -645,6 +682,20 @@ def _heterogeneous_arms(ins: Inputs, stem: str) -> None:
                 "its source in the runs' summaries); *_over_fleet: each arm's makespan over fleet's.")
 
 
+@output("heterogeneous_wait", FIG + TAB, FLEET)
+def _heterogeneous_wait(ins: Inputs, stem: str) -> None:
+    t = ins.tables["heterogeneous"]
+    wait_figure(t, ins.tables["paper_sim"], stem)
+    cols = ["arm", "rounds", "wait_per_accelerator_s", "launch_free_wait_per_accelerator_s",
+            "model_wait_per_accelerator_s", "run_length_mean_s", "run_length_std_s", "model_run_length_mean_s",
+            "model_run_length_std_s", "accelerator"]
+    write_table(t[cols] if len(t) else t, stem,
+                "The paper's Fig. 6 and Table 3 for this run's arms, accelerators EMULATED: each accelerator's mean "
+                "wait (the makespan, with the rounds' launches or without them, less the seconds it trained) and the "
+                "members' run lengths (a member's first training step to its last, across rounds: mean and standard "
+                "deviation), measured and from the time model.")
+
+
 @output("heterogeneous_timeline", FIG, FLEET)
 def _heterogeneous_timeline(ins: Inputs, stem: str) -> None:
     timeline_figure(ins.tables["timeline"], stem)
@@ -655,8 +706,18 @@ def _paper_scale(ins: Inputs, stem: str) -> None:
     write_table(ins.tables["paper_scale"], stem,
                 "SIMULATED, nothing trained: the paper's scale (100 members with one-accelerator rates 21-176 "
                 "images/s and 10-24 epochs, as in its Fig. 8; 4 accelerators per node; Caltech256's 30,606 "
-                "images per epoch) planned by the same allocator and timed by its lockstep model, each arm's "
-                "makespan and FLEET's speed-ups, beside the paper's measured ones (Fig. 5).")
+                "images per epoch) planned by the same allocator and timed by its lockstep model, each round "
+                f"costing {heterogeneous.PAPER_ROUND_SECONDS:g} s (the paper's Table 4: FLEET-G's checkpointing "
+                "at 160 GPUs over its flotillas); each arm's makespan, its speed-ups, FLEET-G's over FLEET-L with "
+                "and without the rounds' cost, beside the paper's measured ones (Fig. 5).")
+
+
+@output("fleet_paper_scale_waits_simulated", TAB, FLEET)
+def _paper_waits(ins: Inputs, stem: str) -> None:
+    write_table(ins.tables["paper_waits"], stem,
+                "SIMULATED, nothing trained: the same simulation's wait per accelerator (the makespan less the seconds "
+                "it trained) and the members' run lengths per arm, beside the paper's Fig. 6 (wait per GPU, read "
+                "as ranges; its wait may count otherwise) and Table 3 (run lengths at 80 GPUs).")
 
 
 @output("paper_vs_run", TAB, PAPER)

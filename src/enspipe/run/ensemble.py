@@ -39,7 +39,7 @@ import sys
 import time
 
 from enspipe.common.atomic import write_json_atomic
-from enspipe.plan.ensemble import Ensemble, Round, arm_slots, list_schedule, plan_rounds, predicted_makespan
+from enspipe.plan.ensemble import Ensemble, Round, arm_slots, list_schedule, model_times, plan_rounds
 from enspipe.run import checkpoint
 
 RESULT = "ensemble.json"
@@ -212,7 +212,7 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
     slots = arm_slots(ens, arm)
     running: list[tuple[Round, subprocess.Popen, float, object]] = []
     times: dict[int, tuple[float, float]] = {}
-    pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), _next_index(out))
+    pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), _next_index(out), _last_round(ens, out))
     t0 = time.time()
     while pending or running:
         while pending and len(running) < slots:
@@ -240,7 +240,7 @@ def run_arm(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_images
             times[r.index] = (started - t0, time.time() - t0)
             done.append(r)
             if slots == 1:  # re-plan from the checkpoints: early stopping may have finished members
-                pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), r.index + 1)
+                pending = plan_rounds(ens, arm, num_images, epochs_left(ens, out), r.index + 1, r)
     return _finish(ens, arm, out, sorted(done, key=lambda r: r.index), times, resumed, interrupted, t0, num_images,
                    in_job=False)
 
@@ -327,8 +327,15 @@ def job_rank(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_image
                 "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
         return rc
 
-    first = world.bcast(_next_index(out) if rank == 0 else None, root=0)
-    rc = _job_rounds(ens, arm, out, num_images, first, run_round, world)
+    try:
+        first = world.bcast(_next_index(out) if rank == 0 else None, root=0)
+        rc = _job_rounds(ens, arm, out, num_images, first, run_round, world)
+    except BaseException:  # noqa: BLE001 - outside a round (its own failures abort it): the arm's plan
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        world.Abort(1)  # the others wait in a collective for this rank: end the job, never hang
     if rank == 0:  # the rounds are done: what follows until the driver sees the job exit is its teardown
         write_json_atomic(os.path.join(out, JOB_END), {"t": time.time(), "rc": rc})
     return rc
@@ -352,11 +359,11 @@ def _job_rounds(ens: Ensemble, arm: str, out: str, num_images: int, first: int, 
                 rc = run_round(r, self_comm)
                 self_comm.Free()
         return _quiet(world, rc)
-    index = first
+    index, last = first, _last_round(ens, out) if rank == 0 else None  # rank 0 plans, before any round starts
     while True:
         r = None
         if rank == 0:
-            plan = plan_rounds(ens, arm, num_images, epochs_left(ens, out), index)
+            plan = plan_rounds(ens, arm, num_images, epochs_left(ens, out), index, last)
             r = plan[0] if plan else None
             if r is not None:
                 os.makedirs(_round_dir(out, r), exist_ok=True)
@@ -371,7 +378,7 @@ def _job_rounds(ens: Ensemble, arm: str, out: str, num_images: int, first: int, 
             sub.Free()
         if _quiet(world, rc):
             return 1
-        index = r.index + 1
+        index, last = r.index + 1, r
 
 
 def _quiet(comm, rc: int) -> int:
@@ -397,6 +404,12 @@ def _next_index(out: str) -> int:
     names = os.listdir(out) if os.path.isdir(out) else []
     used = [int(d[5:].split(".")[0]) for d in names if d.startswith("round") and d[5:].split(".")[0].isdigit()]
     return max(used, default=-1) + 1
+
+
+def _last_round(ens: Ensemble, out: str) -> Round | None:
+    """The last round that finished (a resumed arm's flotilla goes on from it), or None."""
+    done = _round_indices(out)
+    return _read_round(ens, out, done[-1]) if done else None
 
 
 def _read_round(ens: Ensemble, out: str, index: int) -> Round:
@@ -455,6 +468,7 @@ def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict,
     concurrent = arm == "default" and ens.accelerators > 1
     whole = not resumed and not interrupted
     states = member_states(ens, out)
+    model = model_times(ens, arm, plan_rounds(ens, arm, num_images), num_images)
     return {
         "arm": arm, "emulated": not ens.trains, "accelerators": ens.accelerators,
         "members": [m.__dict__ for m in ens.members],
@@ -465,7 +479,9 @@ def _record(ens: Ensemble, arm: str, rounds: list[Round], out: str, times: dict,
         # without the rounds' start-up (a job per round, or in one job --in-job its set-up and report):
         # the rounds' training times one after another, or (default) list-scheduled on G as they ran
         "launch_free_makespan_seconds": list_schedule([x["train_seconds"] for x in rows], arm_slots(ens, arm)),
-        "predicted_makespan_seconds": predicted_makespan(ens, arm, plan_rounds(ens, arm, num_images)),
+        "predicted_makespan_seconds": model.makespan,
+        "predicted_wait_per_accelerator_seconds": model.wait_per_accelerator,
+        "predicted_run_lengths_seconds": list(model.run_lengths),
         "predicted_note": "the time model on the members' epoch bounds (early stopping can only end sooner)"
         + ("; the training rates are the spec's profiles, not emulated" if ens.trains else ""),
         "accelerator_busy_fraction": busy / (ens.accelerators * makespan) if makespan > 0 and whole else None,
