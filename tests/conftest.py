@@ -20,6 +20,19 @@ def dataset(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_profile(dataset, tmp_path_factory):
+    """`enspipe profile` of tiny at 32 px, batch 8, on 1 and 2 ranks (its rates and its layers):
+    ``(profile path, the command's arguments)``."""
+    cache = tmp_path_factory.mktemp("profiles")
+    args = ["profile", "--network", "tiny", "--data", dataset, "--cache", cache, "--accelerators", "1,2",
+            "--batch-size", 8, "--steps", 4, "--image-size", 32, "--", "--warmup", 2, "--cpu-monitor", "none"]
+    r = enspipe(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (path,) = cache.glob("tiny_32px_b8_*.json")
+    return path, args
+
+
 def enspipe(*args, n: int | None = None, env: dict | None = None, timeout: float = 300, launcher=()):
     """Run the CLI (under mpiexec when n is given, with the ``launcher`` options, say fake hosts
     ``("-launcher", "fork", "-hosts", "a:2,b:2")``); returns the CompletedProcess."""

@@ -95,3 +95,78 @@ def test_bad_member_options_exit_2(dataset, tmp_path, args, n, says):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, *COMMON, "--consumer", "emulated", "--scheme",
                 "all_shared", *args, n=n)
     assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+
+
+# -- how a member's ranks exchange gradients (--gradient-exchange) ---------------------------------
+TRAIN = ["--consumer", "train", "--lr", "0.05", "--scheme", "all_shared", "--data-parallel", "2"]
+
+
+@pytest.fixture(scope="module")
+def whole(dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    r = enspipe("run", "--data", dataset, "--out", out, *TRAIN, *COMMON, n=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("exchange", ["blocks", "prophet"])
+def test_block_exchanges_train_as_the_whole_all_reduce_step_by_step(dataset, tmp_path, whole, tiny_profile, exchange):
+    """Blocks of gradients all-reduced during backpropagation (prophet: applied at the next step's
+    start, block by block) make the very updates of one all-reduce after it: the same losses."""
+    extra = ["--gradient-block-mb", "0.002"] if exchange == "blocks" else ["--gradient-profile", tiny_profile[0]]
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, *TRAIN, *COMMON, "--gradient-exchange", exchange, *extra,
+                n=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reference = step_values(whole, 0, "loss")
+    assert len(reference) == 6 and len(set(reference)) > 1
+    for rank in (0, 1):
+        np.testing.assert_allclose(step_values(tmp_path, rank, "loss"), reference, rtol=1e-5)
+    s = summary(tmp_path)
+    assert s["gradient_exchange"].startswith(exchange)
+    x = s["ranks"][0]["gradient_exchange"]
+    assert x["kind"] == exchange and x["blocks"] >= 2 and 0 <= x["done_before_backward_end"] <= 1
+    assert x["bytes_per_step"] == summary(whole)["ranks"][0]["gradient_exchange"]["bytes_per_step"]  # the loss too
+
+
+@pytest.mark.mpi
+def test_ako_exchanges_a_partition_a_step_and_says_its_replicas_differ(dataset, tmp_path, whole):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, *TRAIN, *COMMON, "--gradient-exchange", "ako",
+                "--ako-partitions", "4", n=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path)
+    assert "replicas differ" in s["gradient_exchange"] and "not an equivalent" in s["gradient_exchange"]
+    losses = [step_values(tmp_path, rank, "loss") for rank in (0, 1)]
+    assert losses[0] == losses[1] and np.isfinite(losses[0]).all()  # the member's loss, summed over its parts
+    assert losses[0][0] == step_values(whole, 0, "loss")[0]  # the same start; from then on the replicas differ
+    assert losses[0][1:] != step_values(whole, 0, "loss")[1:]
+    ako, full = (x["ranks"][0]["gradient_exchange"]["bytes_per_step"] for x in (s, summary(whole)))
+    assert ako < full / 3  # a quarter of the gradient to one peer, against a ring all-reduce's whole
+
+
+@pytest.mark.parametrize("args, n, says", [
+    (["--consumer", "train", "--gradient-exchange", "blocks"], None, "every member is on one rank"),
+    (["--consumer", "emulated", "--rate", "100", "--data-parallel", "2", "--gradient-exchange", "blocks"], None,
+     "the emulated consumer has none"),
+    ([*TRAIN, "--gradient-exchange", "prophet"], None, "--gradient-profile"),
+    ([*TRAIN, "--gradient-exchange", "ako", "--ako-partitions", "3"], None, "do not fit a member of [2] ranks"),
+    ([*TRAIN, "--gradient-exchange", "ako"], None, "--ako-partitions"),
+    ([*TRAIN, "--ako-partitions", "4"], None, "is for --gradient-exchange ako"),
+    ([*TRAIN, "--gradient-exchange", "blocks", "--member-batch-multipliers", "2"], None, "batch multiplier"),
+    ([*TRAIN, "--gradient-exchange", "blocks", "--transport", "horovod"], None, "--gradient-exchange"),
+])
+def test_bad_exchange_options_exit_2_before_any_work(dataset, tmp_path, args, n, says):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", *COMMON, *args, n=n)
+    assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_prophet_profile_must_be_the_members_networks_with_layers(dataset, tmp_path, tiny_profile):
+    record = json.loads(tiny_profile[0].read_text())
+    for name, changed, says in (("other", {"network": "vgg_a"}, "is 'vgg_a''s"), ("old", {"layers": None}, "no layers"),
+                                ("size", {"image_size": 64}, "measured at 64 px")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(record | changed))
+        r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", *COMMON, *TRAIN, "--gradient-exchange",
+                    "prophet", "--gradient-profile", path)
+        assert r.returncode == 2 and "--gradient-profile" in r.stderr and says in r.stderr, r.stderr[-2000:]

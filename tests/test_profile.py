@@ -30,18 +30,19 @@ def test_a_member_with_measured_rates_is_planned_on_them():
 
 
 @pytest.mark.mpi
-def test_profile_measures_each_count_caches_it_and_a_spec_reads_it(dataset, tmp_path):
-    cache = tmp_path / "profiles"
-    args = ["profile", "--network", "tiny", "--data", dataset, "--cache", cache, "--accelerators", "1,2",
-            "--batch-size", 10, "--steps", 4, "--image-size", 32, "--", "--warmup", 2, "--cpu-monitor", "none"]
-    r = enspipe(*args)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (path,) = cache.glob("tiny_32px_b10_*.json")
+def test_profile_measures_each_count_caches_it_and_a_spec_reads_it(dataset, tiny_profile, tmp_path):
+    path, args = tiny_profile
     rec = json.loads(path.read_text())
     assert rec["source"] == "measured" and rec["device"] == "CPU" and rec["accelerators"] == [1, 2]
-    for x in rec["runs"]:  # every step trains, the warm-up's (2, then a drain) and the window's 4, of 10 images
+    for x in rec["runs"]:  # every step trains, the warm-up's (2, then a drain) and the window's 4, of 8 images
         warmup_steps = json.loads((Path(x["out"]) / "summary.json").read_text())["window"]["warmup_steps"]
-        assert x["rate"] > 0 and warmup_steps > 2 and x["trained_images"] == 10 * (warmup_steps + 4)
+        assert x["rate"] > 0 and warmup_steps > 2 and x["trained_images"] == 8 * (warmup_steps + 4)
+    # its layers at each count: tiny's 6 gradients, their bytes, made last layers first after the forward pass
+    for g, batch in (("1", 8), ("2", 4)):
+        layers = rec["layers"][g]
+        assert layers["batch"] == batch and len(layers["names"]) == 6 and layers["forward_s"] > 0
+        assert layers["bytes"] == [864, 32, 4608, 64, 640, 40]  # two convolutions and a dense layer, float32
+        assert max(layers["ready_s"][:2]) >= min(layers["ready_s"][-2:])  # the first layer's gradients come last
     again = enspipe(*args)
     assert again.returncode == 0 and "cached" in again.stdout
     assert json.loads(path.read_text())["measured"] == rec["measured"]

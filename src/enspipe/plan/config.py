@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enspipe.plan.errors import ConfigError, require as _require
 from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, choices_of, counts, names, network_problem,
                                   numbers, option, positive_int, rank_factor, unwritable)
+from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
 
 CONSUMERS = ("train", "emulated", "peak")
@@ -65,8 +66,9 @@ class StreamOptions:
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
     malloc: str = option("keep", "keep: malloc reuses freed images' pages instead of faulting fresh ones in; "
                          "system: malloc as the environment set it", choices=MALLOC_POLICIES)
-    plan_comm: str | None = option(None, "--scheme auto only: enspipe calibrate-comm's comm.json, the collective "
-                                   "costs the plan uses (default: assumed ones, labelled so)")
+    plan_comm: str | None = option(None, "--scheme auto and --gradient-exchange prophet: enspipe calibrate-comm's "
+                                   "comm.json, the collective costs the plan uses (default: assumed ones, labelled "
+                                   "so)")
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -125,6 +127,17 @@ class TrainingOptions:
         None, "RANK:FACTOR: member RANK's emulated accelerators are FACTOR times slower than the others' "
         "(emulated only): enspipe's members keep lockstep at its pace, the tf.data service lets the others "
         "run ahead and it skip", parse=rank_factor, metavar="RANK:FACTOR")
+    gradient_exchange: str = option(
+        "whole", "how a data-parallel member's ranks sum gradients: whole (one all-reduce after backpropagation), "
+        "blocks (blocks of layers all-reduced while it goes on), prophet (Prophet's blocks and order from "
+        "--gradient-profile; the next forward starts on the first layers' sums), ako (Ako's partial exchange: "
+        "the replicas differ, off by default)", choices=EXCHANGES)
+    gradient_block_mb: float = option(4.0, "blocks: a block's size in MB", parse=float, metavar="MB")
+    gradient_profile: str | None = option(
+        None, "prophet: `enspipe profile`'s JSON of the member's network (its layers' gradient sizes and times)")
+    ako_partitions: int | None = option(
+        None, "ako: the gradient's partitions, one sent a step (a multiple of each data-parallel member's ranks)",
+        parse=positive_int, metavar="P")
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -153,6 +166,38 @@ class TrainingOptions:
                  f"{list(self.member_batch_multipliers or ())}", "pass e.g. 1,2,4")
         _require(math.isfinite(self.scaling_efficiency) and 0 < self.scaling_efficiency <= 1, "scaling_efficiency",
                  f"must be in (0, 1], got {self.scaling_efficiency}", "pass e.g. 0.9 (1.0: linear)")
+        self._check_exchange()
+
+    def _check_exchange(self) -> None:
+        """``--gradient-exchange`` and its options: for trained members on several ranks."""
+        x = self.gradient_exchange
+        _require(math.isfinite(self.gradient_block_mb) and self.gradient_block_mb > 0, "gradient_block_mb",
+                 f"must be a finite size > 0, got {self.gradient_block_mb}", "pass e.g. 4")
+        for name, mode in (("gradient_profile", "prophet"), ("ako_partitions", "ako")):
+            _require(getattr(self, name) is None or x == mode, name, f"is for --gradient-exchange {mode}, not {x}",
+                     f"leave --{name.replace('_', '-')} out, or pass --gradient-exchange {mode}")
+        if x == "whole":
+            return
+        _require(self.consumer == "train", "gradient_exchange", f"{x} exchanges gradients; the {self.consumer} "
+                 "consumer has none", "pass --consumer train, or leave --gradient-exchange out")
+        _require(max(self.data_parallel) > 1, "gradient_exchange", f"{x} exchanges a member's gradients among its "
+                 "ranks, and every member is on one rank", "pass --data-parallel 2 (or more), or leave "
+                 "--gradient-exchange out")
+        _require(self.member_batch_multipliers is None or max(self.member_batch_multipliers) == 1,
+                 "gradient_exchange", f"{x} applies each batch's gradient as it is summed, and a batch multiplier "
+                 "accumulates several", "leave --member-batch-multipliers out, or use --gradient-exchange whole")
+        _require(x != "prophet" or self.gradient_profile is not None, "gradient_profile", "prophet plans its blocks "
+                 "from the network's layers' gradient sizes and times", "pass --gradient-profile FILE (enspipe "
+                 "profile --network N ... writes it)")
+        if x == "ako":
+            widths = sorted({g for g in self.data_parallel if g > 1})
+            p = self.ako_partitions
+            _require(p is not None, "ako_partitions", "ako sends one of P partitions of the gradient a step",
+                     f"pass --ako-partitions P, a multiple of {math.lcm(*widths)} (e.g. {2 * math.lcm(*widths)})")
+            _require(all(p % g == 0 for g in widths), "ako_partitions",
+                     f"{p} partitions do not fit a member of {widths} ranks (each rank sends its own partition "
+                     "a step, the ranks evenly apart)", f"pass a multiple of {math.lcm(*widths)}, e.g. "
+                     f"--ako-partitions {2 * math.lcm(*widths)}")
 
     def _check_rates(self) -> None:
         """The emulated accelerators' rates: ``--rate``, ``--member-rates`` and ``--slow-member``."""
@@ -399,8 +444,12 @@ class RunConfig:
         _require(bool(self.out), "out", "no output directory given", "pass --out DIR")
         s, t, lives = self.stream, self.training, self.lives
         # (an auto cell's config after the plan chose its scheme keeps the file it planned with)
-        _require(s.scheme == AUTO or s.plan_comm is None or self.planned is not None, "plan_comm",
-                 f"is for --scheme auto, not {s.scheme}", "leave --plan-comm out, or pass --scheme auto")
+        _require(s.scheme == AUTO or s.plan_comm is None or self.planned is not None or
+                 t.gradient_exchange == "prophet", "plan_comm", f"is for --scheme auto or --gradient-exchange "
+                 f"prophet, not {s.scheme} with {t.gradient_exchange}", "leave --plan-comm out")
+        _require(t.gradient_exchange == "whole" or s.transport == "mpi4py", "gradient_exchange",
+                 f"{t.gradient_exchange} runs on the member's MPI communicator; Horovod's process set sums the whole "
+                 "gradient", "leave --gradient-exchange out with --transport horovod")
         if max(t.data_parallel) > 1:
             _require(not _service(s.scheme), "data_parallel", "the tf.data service gives each rank its own stream, "
                      "so a member's ranks would not split one batch",
@@ -469,6 +518,8 @@ class RunConfig:
                 _check_dataset(name, path)
         if t.consumer == "train":
             self._probe_networks()
+        if t.gradient_profile is not None:
+            self._check_gradient_profile()
         for name, path in (("checkpoint_dir", self.lives.checkpoint_dir), ("out", self.out)):
             problem = unwritable(path) if path is not None else None
             _require(problem is None, name, str(problem), "pass a directory you may write, or a new one under it")
@@ -489,6 +540,25 @@ class RunConfig:
                 except NetworkError as e:
                     raise ConfigError(name, e.problem, e.fix) from None
 
+    def _check_gradient_profile(self) -> None:
+        """Prophet's profile: ``enspipe profile``'s JSON, with layers, of the network the members train."""
+        import json
+
+        path, t = self.training.gradient_profile, self.training
+        fix = f"measure it: enspipe profile --network {t.network} --data DIR --image-size {self.stream.image_size}"
+        try:
+            with open(path) as f:
+                record = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError("gradient_profile", f"{path!r} cannot be read as a profile ({e})", fix) from None
+        nets = set(t.member_networks or (t.network,))
+        _require(isinstance(record, dict) and bool(record.get("layers")), "gradient_profile",
+                 f"{path!r} has no layers (a profile from before they were measured, or not a profile)", fix)
+        _require(nets == {record.get("network")}, "gradient_profile", f"{path!r} is {record.get('network')!r}'s, "
+                 f"and the members train {sorted(nets)}", fix)
+        _require(record.get("image_size") == self.stream.image_size, "gradient_profile", f"{path!r} was measured at "
+                 f"{record.get('image_size')} px, and the members train at {self.stream.image_size}", fix)
+
     def _check_machine(self) -> None:
         """Horovod and mpstat, where the options ask for them."""
         if self.stream.transport == "horovod":
@@ -501,6 +571,15 @@ class RunConfig:
 
             _require(shutil.which("mpstat") is not None, "cpu_monitor", "mpstat is not installed",
                      "install sysstat (apt-get install sysstat), or pass --cpu-monitor auto or psutil")
+
+    @property
+    def gradient_spec(self):
+        """The data-parallel members' gradient exchange (:class:`enspipe.plan.gradients.ExchangeSpec`)."""
+        from enspipe.plan.gradients import ExchangeSpec
+
+        t = self.training
+        return ExchangeSpec(t.gradient_exchange, t.gradient_block_mb * 2**20, t.gradient_profile,
+                            self.stream.plan_comm, t.ako_partitions)
 
     @property
     def global_batch(self) -> int:

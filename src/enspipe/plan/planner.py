@@ -26,6 +26,13 @@ def _read_json(path: str, option: str, fix: str) -> dict:
         raise ConfigError(option, f"{path!r} is not readable JSON ({e})", fix) from None
 
 
+def comm_costs(path: str | None, option: str = "plan_comm") -> CommCosts:
+    """``enspipe calibrate-comm``'s fitted costs from ``path``, or the assumed ones (labelled so)."""
+    if not path:
+        return CommCosts()
+    return CommCosts.from_dict(_read_json(path, option, "write it with enspipe calibrate-comm"), source=path)
+
+
 def rp_from_rates(rates: dict, network: str) -> tuple[dict, dict | None, float | None]:
     """(rp by cores, CPU-s per image by cores, rc) of ``network`` in a calibration's ``rates.json``
     (``all`` is the calibration machine's CPU count)."""
@@ -89,11 +96,7 @@ class PlanRequest:
             sources.setdefault("rc", "--rc")
         if a.peak:
             rc, sources["rc"] = None, "none (peak)"
-        if a.comm:
-            comm = CommCosts.from_dict(_read_json(a.comm, "comm", "write it with enspipe calibrate-comm"),
-                                       source=a.comm)
-        else:
-            comm = CommCosts()
+        comm = comm_costs(a.comm, "comm")
         sources["comm"] = comm.source
         require(a.batch_size is not None or a.network, "batch_size", "no batch size", "pass --batch-size or --network")
         batch = a.batch_size if a.batch_size is not None else network_spec(a.network).batch_size
@@ -187,8 +190,7 @@ def choose(calibration: str, network: str, n: int, nodes: int, cores_per_node: i
     """``--scheme auto``: the planner's first choice for a cell's own members and placement, with
     what it predicted and the runners-up, as the summary records it (``planned``)."""
     rp, cpu, _ = rp_from_rates(_read_json(calibration, "rate_from", "pass the workflow's rates.json"), network)
-    comm = (CommCosts.from_dict(_read_json(comm_json, "plan_comm", "write it with enspipe calibrate-comm"),
-                                source=comm_json) if comm_json else CommCosts())
+    comm = comm_costs(comm_json)
     machine = Machine(rp=rp, rc=rc, cpu_per_image=cpu, cores_per_node=cores_per_node, nodes=nodes,
                       core_limit=core_limit, comm=comm)
     ranked = plan(n, batch, image_size, machine, wire_dtype, node_shm=node_shm, block_images=block_images)

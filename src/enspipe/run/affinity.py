@@ -34,15 +34,16 @@ def pin_process(cpus: list[int]) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def configure_tensorflow_threads(threads: int) -> int:
+def configure_tensorflow_threads(threads: int, waiting: int = 0) -> int:
     """Size TensorFlow's op pools; takes effect only before TensorFlow executes anything. A process
     that runs several cells (``enspipe ensemble --in-job``) keeps its first cell's pools: returns
-    the size in force."""
+    the size in force. ``waiting``: inter-op threads beyond ``threads`` for ops that sleep until
+    an exchange delivers (a deferred gradient exchange), so the computation goes on beside them."""
     import tensorflow as tf
 
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads + waiting)
     except RuntimeError:  # TensorFlow is initialised: its pools are fixed for the process
         pass
     return tf.config.threading.get_intra_op_parallelism_threads()

@@ -15,6 +15,10 @@ up to floating-point summation order. An emulated accelerator waits for its part
 (rc x the scaling efficiency at g, so the member runs at rc x g x efficiency(g)) and then joins
 its member's all-reduce (the synchronisation is real; an all-reduce's transfer time on
 a real interconnect is not modelled).
+
+``--gradient-exchange`` picks how a trained data-parallel member's ranks sum (``whole``, ``blocks``,
+``prophet``: the same update as ``whole``; ``ako``: a partial exchange, the replicas differ): see
+:mod:`enspipe.run.gradients`.
 """
 from __future__ import annotations
 
@@ -75,7 +79,7 @@ class TrainConsumer:
     emulated = False
 
     def __init__(self, network: str, num_classes: int, image_size: int, lr: float, seed: int,
-                 dequantize=None, group=None, batches_per_update: int = 1, gradient_sum=None):
+                 dequantize=None, group=None, batches_per_update: int = 1, gradient_sum=None, exchange=None):
         import keras
         import tensorflow as tf
 
@@ -124,16 +128,34 @@ class TrainConsumer:
 
         self._step, self._part_gradients, self._apply, self._loss_sum = train_step, part_gradients, apply, loss_sum
         self.optimizer.build(variables)  # its variables exist before a checkpoint is restored into them
+        self._blocks = None if self.group is None or exchange is None or exchange.kind == "whole" else \
+            _member_exchange(exchange, self.model, self.loss_fn, self.optimizer, self.group)
+        if self.group is not None:
+            from enspipe.exchange.gradients import WholeExchange
+
+            self._whole = WholeExchange(self.group)
 
     def trackable(self):
         """What a checkpoint holds: the model and its optimizer (plain SGD: its step counter)."""
         import tensorflow as tf
 
+        self._flush()
         return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+
+    def _flush(self) -> None:
+        if self._blocks is not None:
+            self._blocks.flush()  # a deferred exchange's last sums, before the weights are read
+
+    def close(self) -> None:
+        """Apply what a deferred exchange still holds and stop its thread."""
+        if self._blocks is not None:
+            self._blocks.close()
+            self._blocks = None
 
     def evaluate(self, images: np.ndarray, labels: np.ndarray, batch: int = 64) -> float:
         """The mean loss over a validation set (inference mode); a data-parallel member's first
         rank computes it and the others receive it, so all decide alike."""
+        self._flush()
         loss = None
         if self.group is None or self.group.Get_rank() == 0:
             total = sum(float(self._loss_sum(images[i:i + batch], labels[i:i + batch]))
@@ -153,11 +175,7 @@ class TrainConsumer:
         flat = self._part_gradients(images[part], labels[part], weight).numpy()
         if self.gradient_sum is not None:
             return self.gradient_sum(flat)
-        from enspipe.exchange.base import wait_quietly
-
-        total = np.empty_like(flat)
-        wait_quietly([self.group.Iallreduce(flat, total, op=MPI.SUM)])  # asleep while a peer still computes
-        return total
+        return self._whole.sum(flat)
 
     def _accumulated_step(self, images: np.ndarray, labels: np.ndarray) -> float:
         """Add this batch's mean gradient; every ``batches_per_update`` batches apply their mean
@@ -174,13 +192,44 @@ class TrainConsumer:
         if self.dequantize is not None:
             images = self.dequantize(images)
         labels = labels.astype(np.int32)
-        if self.group is None and self.batches_per_update == 1:
+        out = {}
+        if self._blocks is not None:  # --gradient-exchange blocks, prophet or ako
+            part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
+            loss = self._blocks(images[part], labels[part], np.float32((part.stop - part.start) / len(images)))
+            out["exchange"] = self._blocks.record()
+        elif self.group is None and self.batches_per_update == 1:
             loss = float(self._step(images, labels))  # the fused step: one rank, one batch per update
         else:
             loss = self._accumulated_step(images, labels)
+            if self.group is not None and self.gradient_sum is None:
+                out["exchange"] = {"kind": "whole", "bytes_per_step": self._whole.bytes_per_step}
         if not np.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss}; lower --lr")
-        return {"loss": loss}
+        return {"loss": loss, **out}
+
+
+def _member_exchange(spec, model, loss_fn, optimizer, group):
+    """A data-parallel member rank's step for ``spec`` (an :class:`~enspipe.plan.gradients.ExchangeSpec`
+    other than whole): its blocks planned from its variables (and, prophet, its profile and the
+    collectives' costs)."""
+    from enspipe.plan.gradients import blocks_for
+    from enspipe.run.gradients import AkoStep, BlockStep
+
+    if spec.kind == "ako":
+        return AkoStep(model, loss_fn, optimizer, group, spec.partitions)
+    sizes = tuple(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)
+    profile, costs = None, None
+    if spec.kind == "prophet":
+        import json
+
+        from enspipe.plan.planner import comm_costs
+        from enspipe.run.profile import layers_for
+
+        with open(spec.profile) as f:
+            profile = layers_for(json.load(f), group.Get_size())
+        costs = comm_costs(spec.comm)
+    blocks = blocks_for(spec, sizes, group.Get_size(), profile, *((costs.bandwidth, costs.alpha) if costs else ()))
+    return BlockStep(model, loss_fn, optimizer, group, blocks, spec.deferred, spec.kind)
 
 
 class MultiConsumer:
@@ -221,4 +270,5 @@ def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=Non
         return EmulatedConsumer(cfg.accelerator_rate(member, 1 if group is None else group.Get_size()), group)
     return TrainConsumer(cfg.network_for(member), num_classes, cfg.stream.image_size, cfg.lr_for(member),
                          seed=cfg.stream.seed * 1000 + member, dequantize=dequantize, group=group,
-                         batches_per_update=cfg.batch_multiplier_for(member), gradient_sum=gradient_sum)
+                         batches_per_update=cfg.batch_multiplier_for(member), gradient_sum=gradient_sum,
+                         exchange=cfg.gradient_spec)

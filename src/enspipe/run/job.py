@@ -92,7 +92,8 @@ def _placed(cfg: RunConfig, comm):
     monitor = start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
     malloc = set_malloc(cfg.stream.malloc)  # before TensorFlow allocates
-    configure_tensorflow_threads(where.threads)  # imports TensorFlow, after the pools' sizes are known
+    # imports TensorFlow, after the pools' sizes are known
+    configure_tensorflow_threads(where.threads, waiting=int(cfg.gradient_spec.deferred))
     phases.mark("tensorflow")
     return where, scheme, monitor, affinity, malloc
 

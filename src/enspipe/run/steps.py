@@ -30,6 +30,7 @@ class Member:
         self.fault = injected_fault(rank)
         self.step_times: list[float] = []
         self.waits: list[float] = []
+        self.exchanges: list[dict] = []  # a block exchange's record of each measured step
         self.losses: list[float] = []
         self.images = self.starved = 0
 
@@ -63,6 +64,8 @@ class Member:
             self.starved += starved
             self.step_times.append(t_done - t_req)
             self.waits.append(t_got - t_req)
+            if "exchange" in out:
+                self.exchanges.append(out["exchange"])
         if "loss" in out:
             self.losses.append(out["loss"])
         self.events.log(keys.STEP, step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,

@@ -88,7 +88,24 @@ def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
         # collectives in the measured window (the exchange stage runs up to a queue ahead of it)
         **w.exchange,
         "delivery": member.delivery.summary(),
+        "gradient_exchange": _exchange_report(job) if max(cfg.training.data_parallel) > 1 else None,
     }
+
+
+def _exchange_report(job: Job) -> dict | None:
+    """A data-parallel rank's gradient exchange in the measured window: what it is, the bytes it
+    sends a step, and for blocks the share done before backpropagation ended and the wait after it."""
+    spec, recs = job.cfg.gradient_spec, job.member.exchanges
+    if job.cfg.training.consumer != "train":
+        return None
+    out = {"kind": spec.kind, "label": spec.label(),
+           "bytes_per_step": float(np.mean([r["bytes_per_step"] for r in recs])) if recs else None}
+    if recs and "blocks" in recs[0]:
+        out.update(blocks=recs[0]["blocks"],
+                   done_before_backward_end=float(np.mean([r["done_before_backward_end"] for r in recs])),
+                   exposed_seconds_mean=float(np.mean([r["exposed_s"] for r in recs])),
+                   backward_seconds_mean=float(np.mean([r["backward_s"] for r in recs])))
+    return out
 
 
 def job_report(job: Job, report: dict, w: Window, warm: "Warmup") -> int:
@@ -163,6 +180,8 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "unit_batches": None if scheme.service else job.pipeline.unit,  # batches per read/preprocess/exchange
         "malloc": job.malloc,  # how the members' malloc returned freed images (--malloc)
         "members_per_rank": cfg.training.members_per_rank,
+        # a data-parallel member's gradient exchange; ako's replicas differ (its label says so)
+        "gradient_exchange": cfg.gradient_spec.label() if max(t.data_parallel) > 1 and t.consumer == "train" else None,
         "preprocessing": job.preprocessing, "fast_mode": cfg.stream.fast_mode, "seed": cfg.stream.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,

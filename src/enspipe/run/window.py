@@ -167,5 +167,8 @@ def stop(job: Job) -> int:
     discarded = stop_producers(job.comm, job.pipeline)
     job.pipeline.close()
     job.transport.close()
+    close = getattr(job.consumer, "close", None)
+    if close:  # a deferred gradient exchange applies its last sums; its thread ends
+        close()
     job.events.log(keys.STOPPED, seconds=time.perf_counter() - t_stop, discarded_batches=discarded)
     return discarded
