@@ -29,6 +29,7 @@ the re-plans equal the plan made up front, which the time model predicts from.
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -164,10 +165,15 @@ class Ensemble:
     def profile(self, i: int) -> Profile:
         """Member ``i``'s rates on 1..G accelerators: measured (``rates``) or emulated (``rate`` x g
         x the efficiency)."""
-        m = self.members[i]
-        if m.rates:
-            return measured_profile(m.name, m.rates, self.accelerators)
-        return emulated_profile(m.name, m.rate, self.accelerators, efficiency_per_doubling(self.efficiency))
+        return self._profiles[i]
+
+    @functools.cached_property
+    def _profiles(self) -> tuple[Profile, ...]:  # made once: the allocator asks for them over and over
+        def of(m: EnsembleMember) -> Profile:
+            if m.rates:
+                return measured_profile(m.name, m.rates, self.accelerators)
+            return emulated_profile(m.name, m.rate, self.accelerators, efficiency_per_doubling(self.efficiency))
+        return tuple(of(m) for m in self.members)
 
 
 @dataclass(frozen=True)
