@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmark
 preprocessing = pytest.importorskip("preprocessing")
 
 
+@pytest.mark.slow
 def test_a_layout_of_two_processes_preprocesses_their_shares_and_reports_the_node(capsys):
     a = argparse.Namespace(images=32, size=64, passes=4, repeats=1, layouts="1x1,2x1")
     preprocessing.layouts(a)

@@ -72,6 +72,7 @@ def test_every_scheme_across_nodes_is_exact_and_bit_identical(dataset, alone, tm
     assert s["placement"]["oversubscribed"] == (os.cpu_count() < 4)
 
 
+@pytest.mark.slow  # the quick suite runs hierarchical on node-shared memory
 def test_hierarchical_on_the_mpi_collectives_is_exact_and_bit_identical(dataset, alone, tmp_path):
     """The per-node plan without node-shared memory: three collectives per batch on a node leader,
     each into the receive ring, which must not hand out a buffer still in use downstream."""

@@ -52,6 +52,7 @@ def test_several_workers_each_stream_the_whole_dataset(dataset, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # the lag judge is tested on tables (test_findings); the test grid's run has lag cells
 def test_a_lagging_member_skips_on_a_small_cache(dataset, tmp_path):
     """A member 20x slower than the others on a ~10-element cache: the service lets the others run
     ahead and drops elements for it (slow enough that the fast member outruns it even when the
