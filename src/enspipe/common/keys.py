@@ -25,7 +25,8 @@ EVENTS: dict[str, str] = {
     CONFIG: "first record: the run's configuration, scheme, role, placement, share and dataset",
     EXCHANGE_PATH: "how a communicator group exchanges: node-shm, node-shm+mpi or mpi (and why)",
     OCCUPANCY: "queue occupancy samples of the pipeline's stage queues (the paper's Fig. 3)",
-    STEP: "one consumed batch: step, measured or not, times, queue depths, ids (and checksum, loss)",
+    STEP: "one consumed batch: step, measured or not, times, queue depths, ids (and checksum, loss; a data-parallel "
+          "rank's gradient exchange: its bytes and, in blocks, when each was posted and summed)",
     MEASURE_START: "the measured window opens at this step (whether warm-up reached the steady state; the steps"
                    " run after the agreement to drain what its wait stocked)",
     MEASURE_END: "the measured window closes at this step",
@@ -54,6 +55,8 @@ SUMMARY: dict[str, str] = {
     "unit_batches": "consecutive global batches a member reads, preprocesses and exchanges at a time "
                     "(--block-images; null for the tf.data service)",
     "members_per_rank": "ensemble members each rank hosts, trained on every batch in one process",
+    "gradient_exchange": "a trained data-parallel member's gradient exchange (--gradient-exchange), said in words; "
+                         "ako's says its replicas differ (null without one)",
     "malloc": "the members' malloc policy in force (--malloc): keep (freed images' pages reused in place), "
               "system, or system with why keep could not be applied",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
@@ -124,4 +127,7 @@ RANK: dict[str, str] = {
     "copy_cpu_seconds": "CPU s copying its block in",
     "delivery": "what it saw: distinct samples per epoch-length window of deliveries, samples skipped (gaps "
                 "in a producer's stream), producer streams (enspipe.data.ledger.DeliveryCounter)",
+    "gradient_exchange": "a data-parallel rank's gradient exchange in the window: its kind and label, the bytes it "
+                         "sends a step; blocks: their count, the share of their bytes summed before "
+                         "backpropagation ended and the mean wait after it (null for a member on one rank)",
 }

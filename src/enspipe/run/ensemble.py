@@ -30,6 +30,7 @@ Emulated accelerators are labelled ``emulated``.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -92,7 +93,7 @@ def identity(ens: Ensemble, arm: str, data_digest: str, batch: int, seed: int, r
              validation: str | None) -> dict:
     """What makes an arm's rounds and checkpoints its own: a run with another ensemble, data,
     batch, seed or options must not resume from them."""
-    return {"arm": arm, "ensemble": json.loads(json.dumps(ens, default=lambda o: o.__dict__)),
+    return {"arm": arm, "ensemble": json.loads(json.dumps(dataclasses.asdict(ens))),  # its fields, nothing cached
             "data_digest": data_digest, "batch_size": batch, "seed": seed, "run_args": list(run_args),
             "validation": os.path.abspath(validation) if validation else None}
 
