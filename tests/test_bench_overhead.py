@@ -11,6 +11,7 @@ overhead = pytest.importorskip("overhead")
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_cell_stamps_every_phase_in_order_and_the_benchmark_adds_them_up(dataset):
     a = argparse.Namespace(n=2, scheme="all_shared", batch=8, steps=3, warmup=1)
     times = overhead.one(dataset, a)

@@ -20,6 +20,7 @@ def test_a_layout_of_two_processes_preprocesses_their_shares_and_reports_the_nod
     assert "1.00 (1.00-1.00)" in rows["1x1"]  # the first layout against itself
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_fails_the_layout_with_its_exit_status():
     a = argparse.Namespace(images=32, size=-1, passes=1)  # no image of -1 px
     with pytest.raises(RuntimeError, match="1x1 worker failed to start"):

@@ -130,6 +130,7 @@ def test_block_exchanges_train_as_the_whole_all_reduce_step_by_step(dataset, tmp
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_ako_exchanges_a_partition_a_step_and_says_its_replicas_differ(dataset, tmp_path, whole):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, *TRAIN, *COMMON, "--gradient-exchange", "ako",
                 "--ako-partitions", "4", n=2)

@@ -89,11 +89,15 @@ class CpuMonitor:
 
     def stop(self, linger: float | None = None, covering: float | None = None) -> None:
         """Keep sampling ``linger`` seconds, or until the first sample after the time ``covering``
-        has been written (the monitor samples at its launch plus whole intervals), or by default
-        one interval and a bit; then stop the monitor cleanly."""
+        has been written (the monitor samples at its launch plus whole intervals; the psutil
+        sampler's log is read to see it), or by default one interval and a bit; then stop the
+        monitor cleanly."""
         if linger is None and covering is not None:
             ticks = max(1, math.ceil((covering - self.marks["launch"]) / self.interval))
-            linger = max(0.0, self.marks["launch"] + ticks * self.interval + SAMPLE_MARGIN - time.time())
+            deadline = self.marks["launch"] + ticks * self.interval + SAMPLE_MARGIN
+            while self.source == "psutil" and time.time() < deadline and not self._sampled(covering):
+                time.sleep(0.01)  # its line appears within milliseconds of the tick, unless the node is loaded
+            linger = max(0.0, deadline - time.time()) if self.source == "mpstat" else 0.0
         time.sleep(self.interval + 0.2 if linger is None else linger)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -104,6 +108,22 @@ class CpuMonitor:
                 self.proc.wait()
         self._log.close()
         self.mark("stopped")
+
+
+    def _sampled(self, t: float) -> bool:
+        """Whether the psutil sampler has logged a sample at or after ``t`` (its lines' ``t``)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - 512))
+                lines = f.read().splitlines()
+        except OSError:
+            return False
+        for line in reversed(lines):
+            try:
+                return json.loads(line)["t"] >= t
+            except (ValueError, KeyError):
+                continue  # a line cut short at the tail's start, or being written
+        return False
 
 
 def log_name(source: str, host: str) -> str:
