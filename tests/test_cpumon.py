@@ -115,3 +115,12 @@ def test_real_mpstat_monitor_sees_a_busy_core(tmp_path):
     # one core's worth of busy loop (plus whatever else runs), within the sampling error
     assert 0.6 * (t1 - t0 - 1) <= w["node_cpu_seconds"]["h"] <= os.cpu_count() * (t1 - t0)
     assert json.loads((tmp_path / "mpstat.h.json").read_text())["sysstat"]["hosts"][0]["statistics"]
+
+
+def test_the_psutil_sampler_stops_when_its_parent_is_gone(tmp_path):
+    """A rank that dies before its sampler asked for a death signal leaves no sampler running."""
+    out = tmp_path / "log.jsonl"
+    with open(out, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "enspipe.measure.cpusampler", "0.2", repr(time.time()), "1"],
+                             stdout=f)  # its parent, as it says, is pid 1: not its own
+        assert p.wait(10) == 0

@@ -73,7 +73,8 @@ class CpuMonitor:
         if source == "mpstat":
             cmd = ["mpstat", "-P", "ALL", "-o", "JSON", str(interval)]
         else:
-            cmd = [sys.executable, "-m", "enspipe.measure.cpusampler", str(interval), repr(self.marks["launch"])]
+            cmd = [sys.executable, "-m", "enspipe.measure.cpusampler", str(interval), repr(self.marks["launch"]),
+                   str(os.getpid())]
         env = dict(os.environ, S_TIME_FORMAT="ISO", TZ="UTC", LC_ALL="C")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.DEVNULL, env=env,
