@@ -5,6 +5,7 @@ whole all-reduce.
     python benchmarks/gradients.py measure  [--networks mobilenet_v2,resnet_50] [--ranks 2,4] [--repeats 3]
     python benchmarks/gradients.py simulate [--networks ...] [--gbits 1,2.5,5,10,25] [--ranks 2,8]
     python benchmarks/gradients.py ako      [--networks tiny,mobilenet_v2] [--seeds 0,1,2] [--epochs 5]
+    python benchmarks/gradients.py progress [--repeats 5]
 
 ``measure``: ``enspipe profile`` of each network (its rates and its layers, cached), then, for every
 rank count and repeat, one cell per exchange (``whole``, ``blocks``, ``prophet``; the order reversed
@@ -22,6 +23,12 @@ latency, beside Prophet's reported gain.
 all-reduce and with Ako's partial exchange (``--ako-partitions``), the same seeds: bytes a rank
 sends a step, the step time and the validation loss after the last epoch (mean and std over the
 seeds).
+
+``progress``: whether MPI moves a posted all-reduce while the rank computes. Two ranks post an
+``Iallreduce`` of 1-16 MB, then (a) wait at once, (b) compute 20 ms making no MPI call and then
+wait, (c) compute 20 ms beside enspipe's exchange thread (:class:`~enspipe.exchange.gradients.
+BlockExchange`) and then take the sum. Prints the wait after the computation (median over the
+repeats): where MPI did not progress, (b) waits as long as (a).
 """
 from __future__ import annotations
 
@@ -159,9 +166,58 @@ def ako(a) -> None:
                   f"{f'{np.mean(loss):.4f} +- {np.std(loss):.4f}':>26}")
 
 
+def progress_worker(repeats: int) -> None:
+    """One rank of ``progress`` (under mpiexec -n 2)."""
+    import time
+
+    from mpi4py import MPI
+
+    from enspipe.exchange.gradients import BlockExchange
+
+    comm = MPI.COMM_WORLD
+
+    def compute(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    if comm.Get_rank() == 0:
+        print(f"{'MB':>5}{'wait at once ms':>17}{'wait after 20 ms, no MPI call':>31}"
+              f"{'wait after 20 ms, exchange thread':>35}")
+    for mb in (1, 4, 16):
+        n = mb * 2**20 // 4
+        send, recv = np.ones(n, np.float32), np.empty(n, np.float32)
+        x = BlockExchange(comm, [n])
+        waits = {k: [] for k in ("now", "idle", "thread")}
+        for _ in range(repeats + 1):
+            for k in waits:
+                comm.Barrier()
+                if k == "thread":
+                    x.ready(0, [send])
+                    compute(0.02)
+                    t = time.perf_counter()
+                    x.wait(0)
+                else:
+                    req = comm.Iallreduce(send, recv, op=MPI.SUM)
+                    compute(0.02 if k == "idle" else 0.0)
+                    t = time.perf_counter()
+                    req.Wait()
+                waits[k].append(time.perf_counter() - t)
+        x.close()
+        med = {k: float(np.median(v[1:])) * 1e3 for k, v in waits.items()}  # the first: untimed
+        if comm.Get_rank() == 0:
+            print(f"{mb:>5}{med['now']:>17.2f}{med['idle']:>31.2f}{med['thread']:>35.2f}")
+
+
+def progress(a) -> None:
+    print(f"# two ranks on {os.cpu_count()} cores, median of {a.repeats} repeats (ms)")
+    subprocess.run([MPIEXEC, "-n", "2", sys.executable, os.path.abspath(__file__), "progress-worker",
+                    "--repeats", str(a.repeats)], check=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("measure", "simulate", "ako"))
+    p.add_argument("what", choices=("measure", "simulate", "ako", "progress", "progress-worker"))
     p.add_argument("--networks", type=lambda s: s.split(","), default=None)
     p.add_argument("--ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
     p.add_argument("--sim-ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 8])
@@ -180,7 +236,9 @@ def main() -> None:
     a = p.parse_args()
     if a.networks is None:
         a.networks = ["tiny", "mobilenet_v2"] if a.what == "ako" else ["mobilenet_v2", "resnet_50"]
-    {"measure": measure, "simulate": simulate, "ako": ako}[a.what](a)
+    if a.what == "progress-worker":
+        return progress_worker(a.repeats)
+    {"measure": measure, "simulate": simulate, "ako": ako, "progress": progress}[a.what](a)
 
 
 if __name__ == "__main__":

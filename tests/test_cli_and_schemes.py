@@ -1,5 +1,7 @@
 import dataclasses
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -244,3 +246,18 @@ def test_every_transport_offers_the_engines_interface():
         for method in ("allgatherv", "broadcast", "block_broadcasts", "close"):
             want = list(inspect.signature(getattr(Transport, method)).parameters)
             assert list(inspect.signature(getattr(cls, method)).parameters) == want, (cls.__name__, method)
+
+
+def test_a_process_that_trains_nothing_imports_tensorflow_without_keras():
+    """TensorFlow's import loads Keras at once unless told it uses tf_keras; a rank that trains no
+    model is told so for the import alone, and tf.keras is still Keras 3 when first used."""
+    code = ("import os, sys\n"
+            "from enspipe.common.tfimport import import_tensorflow\n"
+            "import_tensorflow(trains=False)\n"
+            "assert 'keras' not in sys.modules and 'pandas' not in sys.modules, 'keras loaded'\n"
+            "assert 'TF_USE_LEGACY_KERAS' not in os.environ\n"
+            "import tensorflow as tf\n"
+            "import keras\n"
+            "assert tf.keras.layers.Dense is keras.layers.Dense\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -123,3 +123,22 @@ def test_the_exchange_thread_progresses_mpi_while_the_rank_computes(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [x for x in r.stdout.splitlines() if x.startswith("done-before-wait")]
     assert len(lines) == 2 and all(" True " in x for x in lines), r.stdout
+
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gradients.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_benchmark_simulates_from_a_profile_and_shows_mpi_progress():
+    r = subprocess.run([sys.executable, BENCH, "simulate", "--networks", "tiny", "--image-size", "32", "--batch", "8",
+                        "--images", "32", "--gbits", "1,10", "--sim-ranks", "2"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [x.split() for x in r.stdout.splitlines() if x.startswith("tiny")]
+    assert [row[2] for row in rows] == ["1", "10"] and all(float(x) > 0 for row in rows for x in row[3:])
+    assert "SIMULATED" in r.stdout and "Prophet reports" in r.stdout
+    r = subprocess.run([sys.executable, BENCH, "progress", "--repeats", "1"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x.split()[0] for x in r.stdout.splitlines() if x.strip()[:1].isdigit()] == ["1", "4", "16"]

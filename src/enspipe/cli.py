@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from enspipe.common.tfimport import import_tensorflow
 from enspipe.plan.config import RunConfig, add_options, from_options
 from enspipe.plan.options import counts, network_name, positive_int
 from enspipe.plan.errors import ConfigError
@@ -44,6 +45,7 @@ def _make_dataset_args(p: argparse.ArgumentParser) -> None:
 def _make_dataset(a: argparse.Namespace, fail: Fail) -> int:
     if a.num_images < 1:
         fail("--num-images: must be >= 1; pass the number of images to generate")
+    import_tensorflow(trains=False)
     from enspipe.data.synthetic import make_dataset
 
     m = make_dataset(a.out, a.num_images, a.seed, max(1, a.num_classes), max(1, a.images_per_shard))
@@ -59,6 +61,7 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(a: argparse.Namespace, fail: Fail) -> int:
+    import_tensorflow(trains=False)
     from enspipe.data.shards import write_jpeg_folders_as_shards
 
     m = _data_step(fail, write_jpeg_folders_as_shards, a.jpeg_dir, a.out, max(1, a.images_per_shard))
@@ -72,6 +75,7 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
 
 
 def _stage(a: argparse.Namespace, fail: Fail) -> int:
+    import_tensorflow(trains=False)
     from enspipe.data.shards import stage_dataset
 
     m = _data_step(fail, stage_dataset, a.data, a.out)
@@ -91,6 +95,8 @@ def _index(a: argparse.Namespace, fail: Fail) -> int:
 
     from enspipe.common.atomic import write_json_atomic
     from enspipe.data.manifest import MANIFEST, manifest_dict
+
+    import_tensorflow(trains=False)
     from enspipe.data.shards import scan
 
     from enspipe.data.parse import resolve

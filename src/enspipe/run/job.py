@@ -79,6 +79,7 @@ def _placed(cfg: RunConfig, comm):
     sized. Returns ``(where, scheme, monitor, affinity, malloc)``."""
     from mpi4py import MPI
 
+    from enspipe.common.tfimport import import_tensorflow
     from enspipe.run.affinity import configure_tensorflow_threads, pin_process
     from enspipe.run.memory import set_malloc
     from enspipe.run.placement import place
@@ -92,7 +93,7 @@ def _placed(cfg: RunConfig, comm):
     monitor = start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
     malloc = set_malloc(cfg.stream.malloc)  # before TensorFlow allocates
-    # imports TensorFlow, after the pools' sizes are known
+    import_tensorflow(trains=cfg.training.consumer == "train")  # after the pools' sizes are known
     configure_tensorflow_threads(where.threads, waiting=int(cfg.gradient_spec.deferred))
     phases.mark("tensorflow")
     return where, scheme, monitor, affinity, malloc
