@@ -255,6 +255,7 @@ def test_an_arm_with_patience_needs_a_validation_set_and_readable_checkpoints(da
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_batch_multiplier_is_one_update_on_the_batches_together(dataset, tmp_path):
     import numpy as np
     import tensorflow as tf

@@ -248,16 +248,18 @@ def test_every_transport_offers_the_engines_interface():
             assert list(inspect.signature(getattr(cls, method)).parameters) == want, (cls.__name__, method)
 
 
-def test_a_process_that_trains_nothing_imports_tensorflow_without_keras():
-    """TensorFlow's import loads Keras at once unless told it uses tf_keras; a rank that trains no
-    model is told so for the import alone, and tf.keras is still Keras 3 when first used."""
+def test_a_process_imports_only_what_it_uses_of_tensorflow_keras_pandas_and_matplotlib():
+    """TensorFlow's import loads Keras (and Keras pandas and matplotlib) at once: a rank that trains
+    no model imports none of them, one that trains imports Keras alone; tf.keras is still Keras 3
+    when first used, and pandas still imports when the process asks for it."""
     code = ("import os, sys\n"
             "from enspipe.common.tfimport import import_tensorflow\n"
             "import_tensorflow(trains=False)\n"
-            "assert 'keras' not in sys.modules and 'pandas' not in sys.modules, 'keras loaded'\n"
+            "assert not {'keras', 'pandas', 'matplotlib'} & set(sys.modules), 'loaded'\n"
             "assert 'TF_USE_LEGACY_KERAS' not in os.environ\n"
-            "import tensorflow as tf\n"
-            "import keras\n"
-            "assert tf.keras.layers.Dense is keras.layers.Dense\n")
+            "import_tensorflow(trains=True)\n"
+            "assert 'keras' in sys.modules and not {'pandas', 'matplotlib'} & set(sys.modules)\n"
+            "import tensorflow as tf, keras, pandas\n"
+            "assert tf.keras.layers.Dense is keras.layers.Dense and pandas.DataFrame\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

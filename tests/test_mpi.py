@@ -72,7 +72,7 @@ def test_units_deliver_the_batches_one_at_a_time_does(dataset, tmp_path, scheme,
     the very batches, bit for bit and in order, that one batch at a time does; on node-shared
     memory and on the MPI collectives, whose receive buffers then hold a unit more."""
     extra = (["--preprocessors", str(p)] if p else []) + ([] if shm else ["--no-node-shm"])
-    common = [*with_option(COMMON, "--steps", 24), "--batch-checksums", "--scheme", scheme, *extra]
+    common = [*with_option(COMMON, "--steps", 16), "--batch-checksums", "--scheme", scheme, *extra]
     runs = {}
     for block in ("1", "32"):
         out = tmp_path / block
@@ -82,7 +82,7 @@ def test_units_deliver_the_batches_one_at_a_time_does(dataset, tmp_path, scheme,
         assert summary(out)["unit_batches"] == (1 if block == "1" else 8)
     for rank in range(3):
         one, units = (step_values(runs[b], rank, "batch_checksum") for b in ("1", "32"))
-        assert len(one) == 24 and one == units, rank
+        assert len(one) == 16 and one == units, rank
     ones = summary(runs["1"])["ranks"]
     assert [r["epochs"] for r in summary(runs["32"])["ranks"]] == [r["epochs"] for r in ones]
 

@@ -174,6 +174,8 @@ def _calibrate_rc(a: argparse.Namespace, fail: Fail) -> int:
     if a.steps < 1 or a.batch_size == 0 or not 32 <= a.image_size <= 1024:
         fail("--steps, --batch-size and --image-size: need steps >= 1, a batch >= 1, 32 <= size <= 1024")
     from enspipe.common.atomic import write_json_atomic
+
+    import_tensorflow(trains=True)
     from enspipe.models.networks import network_spec
     from enspipe.run.calibration import measure_accelerator_rate
 

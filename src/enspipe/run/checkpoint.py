@@ -84,6 +84,9 @@ def problem(root: str, name: str, network: str | None) -> str | None:
     try:
         state = load(root, name, network)
         if state is not None and state.weights is not None:
+            from enspipe.common.tfimport import import_tensorflow
+
+            import_tensorflow(trains=False)  # before MPI starts: the index is read, nothing trained
             import tensorflow as tf
 
             tf.train.load_checkpoint(os.path.join(member_dir(root, name), state.weights))

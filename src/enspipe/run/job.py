@@ -143,7 +143,15 @@ def _log_start(cfg: RunConfig, comm, scheme, where, events, affinity, malloc, pr
               f"{cfg.training.consumer}{' (emulated accelerator)' if cfg.training.consumer == 'emulated' else ''} "
               f"steps={cfg.measure.warmup}+{cfg.measure.steps} cores={cfg.measure.cores or 'all'} "
               f"{cfg.stream.image_size}px"
-              f"{' OVERSUBSCRIBED' if where.oversubscribed else ''} -> {cfg.out}")
+              f"{' OVERSUBSCRIBED' if where.oversubscribed else ''}{_exchange_note(cfg)} -> {cfg.out}")
+
+
+def _exchange_note(cfg: RunConfig) -> str:
+    """The start line's word on a data-parallel member's gradient exchange, where it is not whole."""
+    spec = cfg.gradient_spec
+    if spec.kind == "whole" or max(cfg.training.data_parallel) == 1:
+        return ""
+    return f" gradients: {spec.label()}"
 
 
 def _delivery(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where, events):

@@ -101,6 +101,9 @@ def layer_profile(network: str, num_classes: int, image_size: int, batch: int, s
     """The network's :class:`~enspipe.plan.gradients.LayerProfile` at ``batch`` images a rank, on
     this process's device: medians over ``steps`` training steps after 3 unmeasured ones (random
     images: the times do not depend on the pixels)."""
+    from enspipe.common.tfimport import import_tensorflow
+
+    import_tensorflow(trains=True)
     import keras
     import numpy as np
     import tensorflow as tf
