@@ -40,13 +40,13 @@ def synthetic_image(seed: int, index: int, num_classes: int) -> tuple[np.ndarray
     return np.clip(img + texture, 0, 255).astype(np.uint8), label
 
 
-def ensure_dataset(out: str, num_images: int, seed: int = 0) -> Manifest:
+def ensure_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 100) -> Manifest:
     """The dataset in ``out`` if its manifest is there (a complete earlier run), else a new one."""
     from enspipe.data.records import load_manifest
 
     if os.path.exists(os.path.join(out, MANIFEST)):
         return load_manifest(out)
-    return make_dataset(out, num_images, seed)
+    return make_dataset(out, num_images, seed, num_classes)
 
 
 def make_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 100,
