@@ -123,8 +123,9 @@ def simulate(a) -> None:
 
     data, _ = datasets(a.images)
     print(f"# SIMULATED (plan.gradients.simulate_step), nothing run: this machine's profiles ({a.image_size} px, "
-          f"global batch {a.batch}, CPU) on a link of GBIT Gbit/s and {a.latency * 1e6:g} us latency; ring "
-          f"all-reduce among g ranks; blocks of 4 MB")
+          f"global batch {a.batch}, CPU) on links of the Gbit/s column and {a.latency * 1e6:g} us latency; ring "
+          f"all-reduce among g ranks (each rank's layers as profiled at the nearest count's share of the batch); "
+          f"blocks of 4 MB")
     print(f"# Prophet reports {PROPHET_GAIN}")
     print(f"{'network':<14}{'g':>3}{'Gbit/s':>8}{'whole s':>9}{'blocks s':>10}{'prophet s':>11}"
           f"{'whole/blocks':>14}{'whole/prophet':>15}{'blocks/prophet':>16}")
