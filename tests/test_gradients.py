@@ -9,8 +9,8 @@ import pytest
 
 from conftest import MPIEXEC
 from enspipe.exchange.gradients import AkoExchange
-from enspipe.plan.gradients import (LayerProfile, allreduce_seconds, fixed_blocks, prophet_blocks, simulate_step,
-                                    stages, whole_block)
+from enspipe.plan.gradients import (ExchangeSpec, LayerProfile, allreduce_seconds, fixed_blocks, prophet_blocks,
+                                    simulate_step, stages, whole_block)
 
 MB = 2**20
 
@@ -75,6 +75,14 @@ class _Group:
 
     def Get_size(self):
         return self.size
+
+
+def test_hooked_exchanges_get_an_inter_op_thread_for_their_hooks_and_one_for_a_deferred_apply():
+    """With as many inter-op threads as the computation's, TensorFlow ran the hooks only once
+    backpropagation ended (mobilenet_v2 on one core a rank: the blocks were handed over within 7 ms
+    of a 130 ms step, none summed before its end; with one more thread, over 72 ms, 86% summed)."""
+    assert [ExchangeSpec(k).waiting_threads for k in ("whole", "blocks", "prophet")] == [0, 1, 2]
+    assert ExchangeSpec("ako", partitions=4).waiting_threads == 0
 
 
 def test_ako_ranks_send_distinct_partitions_and_each_all_within_p_steps():

@@ -187,6 +187,13 @@ class ExchangeSpec:
     def deferred(self) -> bool:
         return self.kind in DEFERRED
 
+    @property
+    def waiting_threads(self) -> int:
+        """TensorFlow inter-op threads beyond the computation's that the exchange needs: one for the
+        hooks that hand blocks over (with one thread they run only once backpropagation ends), one
+        more for a deferred apply, which sleeps until its sums arrive."""
+        return int(self.kind in ("blocks", "prophet")) + int(self.deferred)
+
     def label(self) -> str:
         """What every output of a run with it says."""
         if self.kind == "ako":

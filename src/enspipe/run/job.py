@@ -94,7 +94,7 @@ def _placed(cfg: RunConfig, comm):
     affinity = pin_process(where.cores)
     malloc = set_malloc(cfg.stream.malloc)  # before TensorFlow allocates
     import_tensorflow(trains=cfg.training.consumer == "train")  # after the pools' sizes are known
-    configure_tensorflow_threads(where.threads, waiting=int(cfg.gradient_spec.deferred))
+    configure_tensorflow_threads(where.threads, waiting=cfg.gradient_spec.waiting_threads)
     phases.mark("tensorflow")
     return where, scheme, monitor, affinity, malloc
 
