@@ -21,8 +21,8 @@ latency, beside Prophet's reported gain.
 
 ``ako``: per network and seed, one member on 2 ranks trained ``--epochs`` epochs with the whole
 all-reduce and with Ako's partial exchange (``--ako-partitions``), the same seeds: bytes a rank
-sends a step, the step time and the validation loss after the last epoch (mean and std over the
-seeds).
+sends a step, the step time and the validation loss after the first and the last epoch (mean and
+std over the seeds).
 
 ``progress``: whether MPI moves a posted all-reduce while the rank computes. Two ranks post an
 ``Iallreduce`` of 1-16 MB, then (a) wait at once, (b) compute 20 ms making no MPI call and then
@@ -75,7 +75,7 @@ def profile(network: str, data: str, a) -> str:
 def train_args(network: str, g: int, a, steps: int, warmup: int) -> list:
     return ["--consumer", "train", "--network", network, "--scheme", "all_shared", "--data-parallel", g,
             "--batch-size", a.batch, "--image-size", a.image_size, "--steps", steps, "--warmup", warmup,
-            "--lr", a.lr, "--cpu-monitor", "none"]
+            "--lr", a.lr, "--cpu-monitor", "none", *(["--cores", a.cores] if a.cores else [])]
 
 
 def cell(data: str, network: str, g: int, exchange: str, a, extra=()) -> dict:
@@ -90,8 +90,9 @@ def _exchange_options(exchange: str, profile_path: str) -> list[str]:
 
 def measure(a) -> None:
     data, _ = datasets(a.images)
+    per_rank = f"{a.cores} core(s) a rank" if a.cores else "every core for every rank"
     print(f"# measured on {os.cpu_count()} cores: {a.image_size} px, global batch {a.batch}, {a.steps} steps "
-          f"after {a.warmup}+ warm-up, {a.repeats} repeats interleaved; one member on g ranks")
+          f"after {a.warmup}+ warm-up, {per_rank}, {a.repeats} repeats interleaved; one member on g ranks")
     print(f"{'network':<14}{'g':>3} {'exchange':<9}{'step s (median, range)':>26}{'over whole':>12}"
           f"{'MB/step':>9}{'before bwd end':>16}{'wait after s':>14}")
     for network in a.networks:
@@ -150,7 +151,8 @@ def ako(a) -> None:
     print(f"# one member on 2 ranks, {a.epochs} epochs of {a.images} images (global batch {a.batch}, "
           f"{a.image_size} px), lr {a.lr}; seeds {a.seeds}; validation loss on 64 other images after the last "
           f"epoch (rank 0's replica); ako: {a.partitions} partitions, one sent a step")
-    print(f"{'network':<14}{'exchange':<10}{'MB/step':>9}{'step s (median, range)':>26}{'val loss (mean +- std)':>26}")
+    print(f"{'network':<14}{'exchange':<10}{'MB/step':>9}{'step s (median, range)':>26}"
+          f"{'val loss, epoch 1':>22}{'val loss, last epoch':>24}")
     for network in a.networks:
         runs: dict = {}
         for rep, (seed, x) in schedule([(s, x) for s in a.seeds for x in ("whole", "ako")], 1):
@@ -162,10 +164,10 @@ def ako(a) -> None:
         for x in ("whole", "ako"):
             ss = runs[x]
             step = [s["ranks"][0]["seconds"] / s["ranks"][0]["steps_measured"] for s in ss]
-            loss = [s["ranks"][0]["member_state"]["val_losses"][-1] for s in ss]
+            losses = np.array([s["ranks"][0]["member_state"]["val_losses"] for s in ss])
+            first, last = (f"{np.mean(v):.4f} +- {np.std(v):.4f}" for v in (losses[:, 0], losses[:, -1]))
             mb = ss[0]["ranks"][0]["gradient_exchange"]["bytes_per_step"] / 2**20
-            print(f"{network:<14}{x:<10}{mb:>9.2f}{spread(step, digits=3):>26}"
-                  f"{f'{np.mean(loss):.4f} +- {np.std(loss):.4f}':>26}")
+            print(f"{network:<14}{x:<10}{mb:>9.2f}{spread(step, digits=3):>26}{first:>22}{last:>24}")
 
 
 def progress_worker(repeats: int) -> None:
@@ -223,22 +225,28 @@ def progress(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("what", choices=("measure", "simulate", "ako", "progress", "progress-worker"))
-    p.add_argument("--networks", type=lambda s: s.split(","), default=None)
-    p.add_argument("--ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
-    p.add_argument("--sim-ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 8])
-    p.add_argument("--gbits", type=lambda s: [float(x) for x in s.split(",")], default=[1, 2.5, 5, 10, 25])
-    p.add_argument("--latency", type=float, default=50e-6)
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--images", type=int, default=128)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--networks", type=lambda s: s.split(","), default=None,
+                   help="networks, comma-separated (default: mobilenet_v2,resnet_50; ako: tiny,mobilenet_v2)")
+    p.add_argument("--ranks", type=ints, default=[2, 4], help="measure: the member's rank counts (default: 2,4)")
+    p.add_argument("--cores", type=int, default=1,
+                   help="measure, ako: cores per rank (enspipe run --cores; default: 1, a rank per accelerator; "
+                        "0: every rank may use every core)")
+    p.add_argument("--sim-ranks", type=ints, default=[2, 8], help="simulate: rank counts (default: 2,8)")
+    p.add_argument("--gbits", type=lambda s: [float(x) for x in s.split(",")], default=[1, 2.5, 5, 10, 25],
+                   help="simulate: link bandwidths in Gbit/s (default: 1,2.5,5,10,25)")
+    p.add_argument("--latency", type=float, default=50e-6, help="simulate: link latency in seconds (default: 5e-5)")
+    p.add_argument("--image-size", type=int, default=64, help="image side in pixels (default: 64)")
+    p.add_argument("--batch", type=int, default=16, help="the member's global batch (default: 16)")
+    p.add_argument("--images", type=int, default=128, help="images in the generated dataset (default: 128)")
+    p.add_argument("--steps", type=int, default=10, help="measure: steps in the window (default: 10)")
+    p.add_argument("--warmup", type=int, default=3, help="measure: warm-up steps (default: 3)")
+    p.add_argument("--repeats", type=int, default=3, help="measure, progress: repeats (default: 3)")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
+    p.add_argument("--seeds", type=ints, default=[0, 1, 2], help="ako: seeds (default: 0,1,2)")
+    p.add_argument("--epochs", type=int, default=5, help="ako: epochs trained (default: 5)")
+    p.add_argument("--partitions", type=int, default=4, help="ako: --ako-partitions (default: 4)")
     a = p.parse_args()
     if a.networks is None:
         a.networks = ["tiny", "mobilenet_v2"] if a.what == "ako" else ["mobilenet_v2", "resnet_50"]
