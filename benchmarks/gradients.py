@@ -4,7 +4,7 @@ whole all-reduce.
 
     python benchmarks/gradients.py measure  [--networks mobilenet_v2,resnet_50] [--ranks 2,4] [--repeats 3]
     python benchmarks/gradients.py simulate [--networks ...] [--gbits 1,2.5,5,10,25] [--ranks 2,8]
-    python benchmarks/gradients.py ako      [--networks tiny,mobilenet_v2] [--seeds 0,1,2] [--epochs 5]
+    python benchmarks/gradients.py ako      [--networks tiny] [--seeds 0,1,2] [--epochs 40]
     python benchmarks/gradients.py progress [--repeats 5]
 
 ``measure``: ``enspipe profile`` of each network (its rates and its layers, cached), then, for every
@@ -167,7 +167,7 @@ def ako(a) -> None:
             losses = np.array([s["ranks"][0]["member_state"]["val_losses"] for s in ss])
             first, last = (f"{np.mean(v):.4f} +- {np.std(v):.4f}" for v in (losses[:, 0], losses[:, -1]))
             mb = ss[0]["ranks"][0]["gradient_exchange"]["bytes_per_step"] / 2**20
-            print(f"{network:<14}{x:<10}{mb:>9.2f}{spread(step, digits=3):>26}{first:>22}{last:>24}")
+            print(f"{network:<14}{x:<10}{mb:>9.3f}{spread(step, digits=3):>26}{first:>22}{last:>24}")
 
 
 def progress_worker(repeats: int) -> None:
@@ -228,7 +228,7 @@ def main() -> None:
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("what", choices=("measure", "simulate", "ako", "progress", "progress-worker"))
     p.add_argument("--networks", type=lambda s: s.split(","), default=None,
-                   help="networks, comma-separated (default: mobilenet_v2,resnet_50; ako: tiny,mobilenet_v2)")
+                   help="networks, comma-separated (default: mobilenet_v2,resnet_50; ako: tiny)")
     p.add_argument("--ranks", type=ints, default=[2, 4], help="measure: the member's rank counts (default: 2,4)")
     p.add_argument("--cores", type=int, default=1,
                    help="measure, ako: cores per rank (enspipe run --cores; default: 1, a rank per accelerator; "
@@ -243,13 +243,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="measure: steps in the window (default: 10)")
     p.add_argument("--warmup", type=int, default=3, help="measure: warm-up steps (default: 3)")
     p.add_argument("--repeats", type=int, default=3, help="measure, progress: repeats (default: 3)")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default: 0.1)")
     p.add_argument("--seeds", type=ints, default=[0, 1, 2], help="ako: seeds (default: 0,1,2)")
-    p.add_argument("--epochs", type=int, default=5, help="ako: epochs trained (default: 5)")
+    p.add_argument("--epochs", type=int, default=40, help="ako: epochs trained (default: 40)")
     p.add_argument("--partitions", type=int, default=4, help="ako: --ako-partitions (default: 4)")
     a = p.parse_args()
     if a.networks is None:
-        a.networks = ["tiny", "mobilenet_v2"] if a.what == "ako" else ["mobilenet_v2", "resnet_50"]
+        a.networks = ["tiny"] if a.what == "ako" else ["mobilenet_v2", "resnet_50"]
     if a.what == "progress-worker":
         return progress_worker(a.repeats)
     {"measure": measure, "simulate": simulate, "ako": ako, "progress": progress}[a.what](a)
