@@ -297,15 +297,50 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
                    help="after --: more `enspipe run` options for every round (e.g. --network tiny --image-size 64)")
 
 
+def _checked_arm(a: argparse.Namespace, run_args: list[str]):
+    """The ensemble and its dataset's image count, once the spec, the data, every round's run
+    options, the output folder and the members' checkpoints were checked (raises ConfigError)."""
+    import yaml
+
+    from enspipe.data.manifest import read_manifest
+    from enspipe.plan.ensemble import Ensemble, plan_rounds
+    from enspipe.run.ensemble import claim_directory, identity, resume_problems, round_command
+
+    with open(a.spec) as f:
+        spec = yaml.safe_load(f)
+    if not isinstance(spec, dict):
+        raise ConfigError("spec", f"{a.spec} holds no mapping", "write members: [...] and accelerators: G")
+    ens = Ensemble.from_dict(_with_profiles(spec, a.spec))
+    images = read_manifest(a.data).num_images
+    if images % a.batch_size:
+        raise ConfigError("batch_size", f"the dataset's {images} images are not a whole number of batches of "
+                          f"{a.batch_size} (members leave at an epoch's end)", "pick a batch size that divides it")
+    if any(m.patience for m in ens.members) and not a.validation:
+        raise ConfigError("validation", "a member stops early on its validation loss, and no validation set "
+                          "is given", "pass --validation DIR (enspipe make-dataset --seed S with another seed)")
+    rounds = plan_rounds(ens, a.arm, images)
+    for r in rounds:  # the rounds' run options checked before anything is touched
+        cmd = round_command(ens, r, a.data, a.out, images // a.batch_size, a.seed,
+                            ["--batch-size", str(a.batch_size), *run_args], [], a.validation)
+        config_from_args(build_parser().parse_args(cmd[cmd.index("run"):]))
+    problem = claim_directory(a.out, identity(ens, a.arm, read_manifest(a.data).digest, a.batch_size, a.seed,
+                                              run_args, a.validation), a.fresh)
+    if problem:
+        raise ConfigError("out", problem, "pass --fresh to start over there, or another --out")
+    problems = resume_problems(ens, a.out)
+    if problems:  # never silently restart a member from scratch
+        raise ConfigError("checkpoint", "; ".join(problems), "restore the files, or start the arm over")
+    return ens, images
+
+
 def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
     import shlex
 
     import yaml
 
     from enspipe.data.manifest import DataError, read_manifest
-    from enspipe.plan.ensemble import Ensemble, plan_rounds
-    from enspipe.run.ensemble import (claim_directory, identity, resume_problems, round_command, run_arm,
-                                      run_arm_in_job)
+    from enspipe.plan.ensemble import Ensemble
+    from enspipe.run.ensemble import run_arm, run_arm_in_job
 
     run_args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
     if a.as_job:  # a rank of the arm's one job: the driver checked everything before launching it
@@ -316,30 +351,7 @@ def _ensemble(a: argparse.Namespace, fail: Fail) -> int:
         return job_rank(ens, a.arm, a.data, a.out, a.batch_size, read_manifest(a.data).num_images, a.seed,
                         ["--batch-size", str(a.batch_size), *run_args], a.validation)
     try:
-        with open(a.spec) as f:
-            spec = yaml.safe_load(f)
-        if not isinstance(spec, dict):
-            raise ConfigError("spec", f"{a.spec} holds no mapping", "write members: [...] and accelerators: G")
-        ens = Ensemble.from_dict(_with_profiles(spec, a.spec))
-        images = read_manifest(a.data).num_images
-        if images % a.batch_size:
-            raise ConfigError("batch_size", f"the dataset's {images} images are not a whole number of batches of "
-                              f"{a.batch_size} (members leave at an epoch's end)", "pick a batch size that divides it")
-        if any(m.patience for m in ens.members) and not a.validation:
-            raise ConfigError("validation", "a member stops early on its validation loss, and no validation set "
-                              "is given", "pass --validation DIR (enspipe make-dataset --seed S with another seed)")
-        rounds = plan_rounds(ens, a.arm, images)
-        for r in rounds:  # the rounds' run options checked before anything is touched
-            cmd = round_command(ens, r, a.data, a.out, images // a.batch_size, a.seed,
-                                ["--batch-size", str(a.batch_size), *run_args], [], a.validation)
-            config_from_args(build_parser().parse_args(cmd[cmd.index("run"):]))
-        problem = claim_directory(a.out, identity(ens, a.arm, read_manifest(a.data).digest, a.batch_size, a.seed,
-                                                  run_args, a.validation), a.fresh)
-        if problem:
-            raise ConfigError("out", problem, "pass --fresh to start over there, or another --out")
-        problems = resume_problems(ens, a.out)
-        if problems:  # never silently restart a member from scratch
-            raise ConfigError("checkpoint", "; ".join(problems), "restore the files, or start the arm over")
+        ens, images = _checked_arm(a, run_args)
     except (OSError, yaml.YAMLError, DataError) as e:
         fail(f"--spec/--data: {e}")
     except ConfigError as e:
