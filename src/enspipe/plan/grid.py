@@ -213,8 +213,7 @@ def lag_args(config: dict, cell: Cell, rates: str) -> list[str]:
     """``enspipe run`` arguments of a lag cell: a cell's, the slowed member, and the accelerators'
     rate rc = one member's calibrated preprocessing rate at the cell's cores over n (its share of
     one member's capacity), so that the slow member's rc / slowdown lies below what any arm
-    delivers to a member and the slow member, not its input, sets the pace (paper_vs_run judges it);
-    config ``lag.steps``, where given, in place of the cells' ``steps``."""
+    delivers to a member and the slow member, not its input, sets the pace (paper_vs_run judges it)."""
     import json
 
     lag = config["lag"]
@@ -224,8 +223,6 @@ def lag_args(config: dict, cell: Cell, rates: str) -> list[str]:
     args = run_args(config, cell, rates)
     i = args.index("--rate-from")
     args[i:i + 2] = ["--rate", f"{float(rp[key]) / cell.n:.3f}"]
-    if "steps" in lag:  # the lockstep arm runs at the slow member's pace: its own, shorter window
-        args[args.index("--steps") + 1] = str(int(lag["steps"]))
     return args + ["--slow-member", f"{int(lag.get('slow_member', 1))}:{float(lag.get('slowdown', 3))}"]
 
 
