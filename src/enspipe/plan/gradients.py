@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enspipe.plan.errors import require
 
 EXCHANGES = ("whole", "blocks", "prophet", "ako")  # --gradient-exchange: how a data-parallel member's ranks sum
+HOOKED = ("blocks", "prophet")  # blocks handed to the exchange by hooks as backpropagation makes them
 DEFERRED = ("prophet",)  # the sums are applied at the next step's start, gating its forward pass
 STAGE_GAP = 20.0  # Prophet's stage boundary: a gap this many times the mean gap between gradients
 LATENCY_SHARE = 0.1  # the final stage's blocks: latency at most this share of a block's time
@@ -192,7 +193,7 @@ class ExchangeSpec:
         """TensorFlow inter-op threads beyond the computation's that the exchange needs: one for the
         hooks that hand blocks over (with one thread they run only once backpropagation ends), one
         more for a deferred apply, which sleeps until its sums arrive."""
-        return int(self.kind in ("blocks", "prophet")) + int(self.deferred)
+        return int(self.kind in HOOKED) + int(self.deferred)
 
     def label(self) -> str:
         """What every output of a run with it says."""
