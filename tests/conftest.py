@@ -1,5 +1,7 @@
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -41,6 +43,19 @@ def enspipe(*args, n: int | None = None, env: dict | None = None, timeout: float
         cmd = [MPIEXEC, *launcher, "-n", str(n), *cmd]
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@functools.cache
+def slurm_nodes() -> dict[str, str]:
+    """Slurm's nodes and their states (``sinfo``); none where Slurm is not installed or no
+    controller answers within 5 s (a configured cluster that is down waits 9 s per call)."""
+    if not shutil.which("sinfo"):
+        return {}
+    try:
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return {}
+    return dict(line.split(None, 1) for line in r.stdout.splitlines() if line.strip()) if r.returncode == 0 else {}
 
 
 def with_option(args: list, option: str, value) -> list:

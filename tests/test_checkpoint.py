@@ -4,6 +4,7 @@ re-plan; an arm of trained members re-planned when one converges, and resumed af
 no more than the epoch each member was in; a missing or corrupt checkpoint refused, named."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,15 +103,24 @@ def _run(dataset, out, ck, epochs, *extra, n=2):
                    *TINY, *extra, n=n)
 
 
+@pytest.fixture(scope="module")
+def resumed(dataset, tmp_path_factory):
+    """Members a and b train 1 and 2 epochs, then 2 and 1 more from their checkpoints: the
+    checkpoint directory, and what the first run left there."""
+    tmp = tmp_path_factory.mktemp("resumed")
+    ck = tmp / "ck"
+    r = _run(dataset, tmp / "r0", ck, [1, 2])
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = {"epochs": [_state(ck, m)["epochs"] for m in "ab"], "b_iterations": _iterations(str(ck / "b" / "ckpt-2"))}
+    r = _run(dataset, tmp / "r1", ck, [2, 1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return ck, first
+
+
 @pytest.mark.mpi
-def test_members_checkpoint_every_epoch_and_resume_where_they_stopped(dataset, tmp_path):
-    ck = tmp_path / "ck"
-    r = _run(dataset, tmp_path / "r0", ck, [1, 2])
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert [_state(ck, m)["epochs"] for m in "ab"] == [1, 2]
-    assert _iterations(str(ck / "b" / "ckpt-2")) == 2 * SPE
-    r = _run(dataset, tmp_path / "r1", ck, [2, 1])
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_members_checkpoint_every_epoch_and_resume_where_they_stopped(resumed):
+    ck, first = resumed
+    assert first == {"epochs": [1, 2], "b_iterations": 2 * SPE}
     a, b = _state(ck, "a"), _state(ck, "b")
     assert (a["epochs"], b["epochs"]) == (3, 3) and [x["epochs"] for x in b["runs"]] == [2, 1]
     # the optimizer went on from its checkpoint: every step of both runs, none twice, none lost
@@ -134,12 +144,12 @@ def test_early_stopping_idles_a_member_and_the_run_ends_where_too_few_still_trai
 
 
 @pytest.mark.mpi
-def test_a_corrupt_or_lost_checkpoint_is_refused_before_any_work(dataset, tmp_path):
+def test_a_corrupt_or_lost_checkpoint_is_refused_before_any_work(dataset, resumed, tmp_path):
     ck = tmp_path / "ck"
-    assert _run(dataset, tmp_path / "r0", ck, [1, 1]).returncode == 0
-    (ck / "b" / "ckpt-1.index").write_bytes(b"garbage")
+    shutil.copytree(resumed[0], ck)
+    (ck / "b" / "ckpt-3.index").write_bytes(b"garbage")
     r = _run(dataset, tmp_path / "r1", ck, [1, 1])
-    assert r.returncode == 2 and "--checkpoint-dir" in r.stderr and "ckpt-1" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "--checkpoint-dir" in r.stderr and "ckpt-3" in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "r1").exists()
     (ck / "a" / "state.json").unlink()
     r = _run(dataset, tmp_path / "r1", ck, [1, 1])

@@ -6,14 +6,13 @@ slurmd while a cell runs. The nodes share the machine's kernel and cores: their 
 (``hosts_per_kernel``), and timings here are not a cluster's."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import enspipe, manifest, step_values, summary
+from conftest import enspipe, manifest, slurm_nodes, step_values, summary
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 NODE = os.path.join(ROOT, ".ci", "slurm-node")
@@ -22,11 +21,9 @@ SLURM_REACTION = 60  # s: SlurmdTimeout (20 in .ci/slurm-up) + its ping cycle + 
 
 
 def _nodes() -> list[str]:
-    if not shutil.which("sinfo") or not os.path.isdir("/run/netns"):
+    if not os.path.isdir("/run/netns"):
         return []
-    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True)
-    names = sorted(set(r.stdout.split())) if r.returncode == 0 else []
-    return [n for n in names if n.startswith("node") and os.path.exists(f"/run/netns/enspipe-{n}")]
+    return [n for n in sorted(slurm_nodes()) if n.startswith("node") and os.path.exists(f"/run/netns/enspipe-{n}")]
 
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(

@@ -10,7 +10,7 @@ from conftest import enspipe, step_values, summary, with_option
 from enspipe.run.consumers import batch_slice
 
 COMMON = ["--network", "tiny", "--batch-size", "8", "--steps", "6", "--warmup", "0", "--cores", "1",
-          "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums"]
+          "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums", "--cpu-monitor", "none"]
 
 
 @pytest.mark.parametrize("size, g", [(8, 2), (8, 3), (7, 4), (5, 5), (32, 6)])
@@ -110,11 +110,12 @@ def whole(dataset, tmp_path_factory):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("exchange", ["blocks", "prophet"])
-def test_block_exchanges_train_as_the_whole_all_reduce_step_by_step(dataset, tmp_path, whole, tiny_profile, exchange):
+@pytest.mark.parametrize("exchange", ["blocks", pytest.param("prophet", marks=pytest.mark.slow)])
+def test_block_exchanges_train_as_the_whole_all_reduce_step_by_step(dataset, tmp_path, whole, request, exchange):
     """Blocks of gradients all-reduced during backpropagation (prophet: applied at the next step's
     start, block by block) make the very updates of one all-reduce after it: the same losses."""
-    extra = ["--gradient-block-mb", "0.002"] if exchange == "blocks" else ["--gradient-profile", tiny_profile[0]]
+    extra = (["--gradient-block-mb", "0.002"] if exchange == "blocks"
+             else ["--gradient-profile", request.getfixturevalue("tiny_profile")[0]])
     r = enspipe("run", "--data", dataset, "--out", tmp_path, *TRAIN, *COMMON, "--gradient-exchange", exchange, *extra,
                 n=2)
     assert r.returncode == 0, r.stderr[-3000:]

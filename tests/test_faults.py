@@ -15,7 +15,7 @@ import pytest
 from conftest import MPIEXEC, enspipe, summary, with_option
 
 BASE = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
-        "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16"]
+        "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
 
 
 def _copy(dataset, tmp_path, name="d") -> str:
@@ -68,7 +68,7 @@ def test_a_corrupt_record_fails_the_run_naming_it(dataset, tmp_path):
     assert not (tmp_path / "o" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("where", ["data", "length"])
+@pytest.mark.parametrize("where", ["data", pytest.param("length", marks=pytest.mark.slow)])
 def test_on_corrupt_skip_skips_and_counts_only_what_is_lost(dataset, tmp_path, where):
     """A record whose image bytes are damaged is skipped alone; one whose length field is damaged
     loses the rest of its shard (it cannot be followed), and every lost record is counted."""

@@ -13,12 +13,13 @@ from enspipe.measure.stages import STAGES
 
 pytestmark = pytest.mark.mpi
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
-          "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16"]
+          "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
 
 
-# every code path once in the quick suite (`make test`; All-Shared and Multi-Broadcast run there across
-# nodes, tests/test_multinode.py, and skipping records, below); the whole matrix in `make test-all`
-QUICK = {(2, "baseline", None), (3, "single_broadcast", 2)}
+# every code path once in the quick suite (`make test`; Multi-Broadcast and Hierarchical run there across
+# nodes, tests/test_multinode.py, All-Shared and Multi-Broadcast in skipping records and the measured
+# cell below, the baseline in tests/test_run.py); the whole matrix in `make test-all`
+QUICK = {(3, "single_broadcast", 2)}
 
 
 def _cells():
@@ -62,6 +63,7 @@ def test_shared_batches_equal_a_single_members(dataset, tmp_path):
     assert step_values(tmp_path / "one", 0) == step_values(tmp_path / "three", 2)
 
 
+@pytest.mark.slow  # the quick suite's runs across nodes compare units of 4 batches with one member's
 @pytest.mark.parametrize("scheme, p, shm", [("all_shared", None, True),
                                             pytest.param("all_shared", None, False, marks=pytest.mark.slow),
                                             pytest.param("multi_broadcast", 2, True, marks=pytest.mark.slow),
@@ -105,7 +107,8 @@ def test_skipped_records_shorten_one_block_and_every_member_agrees(bad_jpeg_data
     assert orders[0] == orders[1]
 
 
-@pytest.mark.parametrize("kind", ["raise", pytest.param("kill", marks=pytest.mark.slow)])  # a kill: test_faults
+@pytest.mark.slow  # quick: a raising member of the library (tests/test_api.py), a killed rank (tests/test_faults.py)
+@pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failed_rank_ends_the_job_fast(dataset, tmp_path, kind):
     t = time.monotonic()
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared",
@@ -118,6 +121,7 @@ def test_a_failed_rank_ends_the_job_fast(dataset, tmp_path, kind):
         assert "rank 1 failed" in r.stderr and (tmp_path / "error.rank0001.txt").exists()
 
 
+@pytest.mark.slow
 def test_a_member_that_waited_at_the_warm_ups_agreement_drains_its_stock_before_the_window(dataset, tmp_path):
     """A straggler stalls (rank 1's consumer stops for 2 s at step 2): its producers, and those of
     the member waiting for it at warm-up's agreement, stock their queues meanwhile, and full queues
@@ -137,7 +141,7 @@ def test_a_member_that_waited_at_the_warm_ups_agreement_drains_its_stock_before_
 def test_measurement_outputs_of_a_shared_cell(dataset, tmp_path):
     """mpstat log, CPU table, node CPU-seconds and a labelled (modelled) energy figure."""
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared",
-                *with_option(COMMON, "--steps", 40), n=2)
+                *with_option(with_option(COMMON, "--steps", 40), "--cpu-monitor", "auto"), n=2)
     assert r.returncode == 0, r.stderr[-3000:]
     s = summary(tmp_path)
     host = s["ranks"][0]["host"]
@@ -165,14 +169,12 @@ def test_measurement_outputs_of_a_shared_cell(dataset, tmp_path):
     assert set(s["stages_per_image"]) == set(STAGES) and s["stages_per_image"]["preprocess"]["cpu"] > 0
 
 
-def test_psutil_monitor_and_a_power_source_that_is_not_here(dataset, tmp_path):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path / "ps", "--cpu-monitor", "psutil", *COMMON, n=1)
-    assert r.returncode == 0, r.stderr[-3000:]
-    s = summary(tmp_path / "ps")
-    assert s["cpu_source"] == "psutil" and s["node_cpu_seconds_total"] > 0
+def test_a_power_source_that_is_not_here_is_named(dataset, tmp_path):
+    """(The psutil monitor: tests/test_plan.py's scheme auto cell, and tests/test_cpumon.py.)"""
     if os.path.isdir("/sys/class/powercap") and os.listdir("/sys/class/powercap"):
         pytest.skip("this machine has powercap zones")
-    r = enspipe("run", "--data", dataset, "--out", tmp_path / "rapl", "--power", "rapl", *COMMON, n=2, timeout=120)
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "rapl", "--power", "rapl",
+                *with_option(COMMON, "--cpu-monitor", "auto"), n=2, timeout=120)
     assert r.returncode != 0 and "--power rapl" in r.stderr and "RAPL" in r.stderr
     assert not (tmp_path / "rapl" / "summary.json").exists()
 

@@ -16,6 +16,7 @@ def test_builds_at_small_sizes(name):
     assert model(np.zeros((2, 64, 64, 3), np.float32)).shape == (2, 7)
 
 
+@pytest.mark.slow  # 180 M parameters to initialise
 def test_slim_shapes_at_224():
     m = NETWORKS["alexnet_v2"].build(1000, 224)
     assert m.count_params() > 50_000_000  # Slim alexnet_v2 has ~50M parameters

@@ -240,7 +240,8 @@ def test_scheme_auto_is_refused_before_mpi_without_a_calibration(dataset, tmp_pa
 def test_scheme_auto_runs_the_plans_choice_and_labels_it(dataset, tmp_path):
     """n = 3 on this machine's cores, preprocessing at 1 core each: the calibration says one member
     preprocesses 400 images/s, the emulated accelerator trains 100: the plan picks a scheme that
-    preprocesses once (not the baseline, which costs 3x the CPU), runs it, and says so."""
+    preprocesses once (not the baseline, which costs 3x the CPU), runs it, and says so. The cell's CPU
+    monitor is the psutil sampler, as where sysstat is not installed."""
     rates = tmp_path / "rates.json"
     rates.write_text(json.dumps({"machine": {"cpus": os.cpu_count()},
                                  "networks": {"alexnet_v2": {"rp": {"1": 400.0}, "rp_cpu": {"1": 0.0025},
@@ -258,3 +259,4 @@ def test_scheme_auto_runs_the_plans_choice_and_labels_it(dataset, tmp_path):
     assert s["cell"]["scheme"] == "auto" and s["cell"]["p"] == 3 and s["p"] == planned["p"]
     assert planned["predicted"]["bound"] == "accelerator" and planned["inputs"]["comm"] == str(comm)
     assert "scheme auto: the plan runs" in r.stdout
+    assert s["cpu_source"] == "psutil" and s["node_cpu_seconds_total"] > 0  # the psutil monitor, asked for

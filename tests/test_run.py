@@ -9,7 +9,7 @@ import pytest
 from conftest import enspipe, manifest, summary, with_option
 
 BASE = ["--network", "tiny", "--batch-size", "8", "--steps", "7", "--warmup", "0", "--cores", "1",
-        "--image-size", "32", "--shuffle-buffer", "16"]
+        "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
 
 
 def _events(out, rank=0):
@@ -17,18 +17,19 @@ def _events(out, rank=0):
         return [json.loads(line) for line in f]
 
 
-def test_peak_run_consumes_the_dataset_exactly_once(dataset, tmp_path):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak", *BASE)
+def test_peak_run_consumes_the_dataset_exactly_once_and_leaves_the_warm_up_out(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak", *with_option(BASE, "--warmup", 3))
     assert r.returncode == 0, r.stderr
     s = summary(tmp_path)
-    rank = s["ranks"][0]
+    rank = s["ranks"][0]  # epoch 0 done during the warm-up (3 steps and the drain), counted
     assert rank["epochs"][0] == {"epoch": 0, "count": 50, "digest": manifest(dataset)["digest"], "missing": 0}
     assert rank["images"] == 56 and rank["images_per_second"] > 0 and rank["cpu_seconds"] > 0
     assert len(rank["cores"]) == 1 and rank["cores"][0] in os.sched_getaffinity(0)
     assert set(rank["queue_occupancy"]) >= {"preprocessing", "exchange", "compute"}
     ev = _events(tmp_path)
     assert ev[0]["event"] == "config" and ev[0]["config"]["network"] == "tiny"
-    assert sum(e["event"] == "step" for e in ev) == 7 and any(e["event"] == "occupancy" for e in ev)
+    assert sum(e["event"] == "step" and e["measured"] for e in ev) == 7 and any(e["event"] == "occupancy" for e in ev)
+    assert s["window"]["warmup_steps"] >= 3 and sum(e["event"] == "step" for e in ev) == 7 + s["window"]["warmup_steps"]
     assert r.stdout.startswith("enspipe: baseline n=1")
     assert s["malloc"] == "keep" or not sys.platform.startswith("linux")  # --malloc's default, where glibc is
     # every key written is declared, with its meaning, in one place (enspipe.common.keys)
@@ -39,21 +40,16 @@ def test_peak_run_consumes_the_dataset_exactly_once(dataset, tmp_path):
     assert {e["event"] for e in ev} <= set(EVENTS)
 
 
-def test_warmup_is_excluded_from_the_window(dataset, tmp_path):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak",
-                *with_option(BASE, "--warmup", 3))
-    assert r.returncode == 0, r.stderr
-    rank = summary(tmp_path)["ranks"][0]
-    assert rank["images"] == 56 and rank["epochs"][0]["count"] == 50  # 10 steps: epoch 0 done, counted
-
-
-def test_train_really_trains(dataset, tmp_path):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "train", "--lr", "0.05", *BASE)
+def test_train_really_trains_on_a_uint8_wire(dataset, tmp_path):
+    """(The float32 wire, the default: every other cell.)"""
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "train", "--lr", "0.05",
+                "--wire-dtype", "uint8", *BASE)
     assert r.returncode == 0, r.stderr
     s = summary(tmp_path)
     losses = [e["loss"] for e in _events(tmp_path) if e["event"] == "step"]
     assert len(losses) == 7 and np.isfinite(losses).all() and len(set(losses)) > 1
     assert s["accelerator"] == "measured" and s["ranks"][0]["learning_rate"] == 0.05
+    assert s["wire_dtype"] == "uint8"
 
 
 def test_emulated_is_labelled(dataset, tmp_path):
@@ -64,12 +60,6 @@ def test_emulated_is_labelled(dataset, tmp_path):
     assert s["ranks"][0]["seconds"] >= 56 / 400
 
 
-def test_uint8_wire(dataset, tmp_path):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "train", "--wire-dtype", "uint8", *BASE)
-    assert r.returncode == 0, r.stderr
-    assert summary(tmp_path)["wire_dtype"] == "uint8"
-
-
 def test_undecodable_jpeg_fails_naming_the_record(bad_jpeg_dataset, tmp_path):
     data, key = bad_jpeg_dataset
     r = enspipe("run", "--data", data, "--out", tmp_path, "--consumer", "peak", *BASE, timeout=120)
@@ -78,6 +68,7 @@ def test_undecodable_jpeg_fails_naming_the_record(bad_jpeg_dataset, tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
+@pytest.mark.slow  # quick: the same across two members (tests/test_mpi.py)
 def test_skip_corrupt_skips_and_counts(bad_jpeg_dataset, tmp_path):
     data, key = bad_jpeg_dataset
     r = enspipe("run", "--data", data, "--out", tmp_path, "--consumer", "peak", "--skip-corrupt", *BASE)

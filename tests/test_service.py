@@ -7,7 +7,7 @@ from conftest import enspipe, manifest, step_values, summary
 from enspipe.data.ledger import DeliveryCounter
 
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
-          "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums"]
+          "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums", "--cpu-monitor", "none"]
 
 
 def _run(dataset, out, n, *args):

@@ -60,9 +60,9 @@ def test_a_factory_that_cannot_be_had_is_named(usernets, name, says):
     assert says in str(e.value)
 
 
-@pytest.mark.parametrize("name, says", [
-    pytest.param("usernets:not_a_model", "returned str, not a keras.Model", marks=pytest.mark.slow),
-    ("usernets:raises", "my model is broken")])
+@pytest.mark.slow  # each probe starts a process with TensorFlow; quick: a factory that cannot be had, above
+@pytest.mark.parametrize("name, says", [("usernets:not_a_model", "returned str, not a keras.Model"),
+                                        ("usernets:raises", "my model is broken")])
 def test_a_factory_that_returns_no_model_is_named_when_built(usernets, name, says):
     with pytest.raises(NetworkError) as e:
         network_spec(name).build(3, 32)

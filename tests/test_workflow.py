@@ -14,6 +14,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from conftest import slurm_nodes
 from enspipe.plan import grid
 
 pytestmark = pytest.mark.workflow
@@ -35,6 +36,7 @@ def _config(name):
         return yaml.safe_load(f)
 
 
+@pytest.mark.slow
 def test_lint_is_clean():
     r = snakemake("--lint")
     assert r.returncode == 0 and "Lints for" not in r.stdout + r.stderr, r.stdout + r.stderr
@@ -51,7 +53,8 @@ def _planned_cells(r) -> set[str]:
             if "output: results/runs/" in line}
 
 
-@pytest.mark.parametrize("name", ["config", "full", "test", "paper", "cluster", None])
+@pytest.mark.parametrize("name", [None, *(pytest.param(name, marks=pytest.mark.slow)
+                                          for name in ("config", "full", "test", "paper", "cluster"))])
 def test_a_dry_run_lists_exactly_the_configs_own_cells(tmp_path, name):
     """Each shipped config is the whole experiment: its dry run plans its own cells, none inherited
     from the embedded default (None: no --configfile, the default itself)."""
@@ -73,8 +76,8 @@ def test_a_bad_config_fails_naming_the_key(tmp_path):
 
 @pytest.mark.parametrize("path, says", [
     ("/no/such/data", "dataset.path: '/no/such/data' is not a directory"),
-    ("../..", "dataset.path:"),  # a directory, but no dataset
-    ("data; rm -rf ~", "does not match"),  # shell metacharacters: refused by the schema
+    pytest.param("../..", "dataset.path:", marks=pytest.mark.slow),  # a directory, but no dataset
+    pytest.param("data; rm -rf ~", "does not match", marks=pytest.mark.slow),  # shell metacharacters: the schema
 ])
 def test_a_wrong_dataset_path_fails_the_dry_run_naming_it(tmp_path, path, says):
     bad = tmp_path / "bad.yaml"
@@ -187,10 +190,7 @@ def test_one_cell_reruns_by_its_target_name(local_run):
 
 
 def _slurm_up() -> bool:
-    if not shutil.which("sinfo"):
-        return False
-    r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
-    return r.returncode == 0 and any(s in r.stdout for s in ("idle", "mixed"))
+    return any(s in state for state in slurm_nodes().values() for s in ("idle", "mixed"))
 
 
 @pytest.mark.slow
