@@ -230,7 +230,7 @@ def test_a_killed_rank_0_leaves_no_summary_and_the_next_run_frees_its_shared_mem
     """A SIGKILLed job leaves MPICH's /dev/shm segments behind (it unlinks them at MPI_Finalize);
     run after run they would fill /dev/shm. The next cell removes those no process uses, saying so."""
     before = _segments()
-    r = enspipe("run", "--data", dataset, "--out", tmp_path / "killed", "--scheme", "all_shared", *BASE, n=3,
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "killed", "--scheme", "all_shared", *BASE, n=2,
                 env={"ENSPIPE_INJECT_FAULT": "0:3:kill"}, timeout=120)
     assert r.returncode != 0 and not (tmp_path / "killed" / "summary.json").exists()
     left = _segments() - before
