@@ -64,10 +64,8 @@ def test_shared_batches_equal_a_single_members(dataset, tmp_path):
 
 
 @pytest.mark.slow  # the quick suite's runs across nodes compare units of 4 batches with one member's
-@pytest.mark.parametrize("scheme, p, shm", [("all_shared", None, True),
-                                            pytest.param("all_shared", None, False, marks=pytest.mark.slow),
-                                            pytest.param("multi_broadcast", 2, True, marks=pytest.mark.slow),
-                                            pytest.param("single_broadcast", 1, False, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("scheme, p, shm", [("all_shared", None, True), ("all_shared", None, False),
+                                            ("multi_broadcast", 2, True), ("single_broadcast", 1, False)])
 def test_units_deliver_the_batches_one_at_a_time_does(dataset, tmp_path, scheme, p, shm):
     """A member that reads, preprocesses and exchanges several batches at a time (the default:
     ``--block-images 32`` makes units of 4 batches of 8 per preprocessor here, crossing the epoch's end) delivers
