@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from enspipe.measure import threadcpu
-from enspipe.exchange.base import Batch, TransportStats
+from enspipe.exchange.base import Batch, TransportStats, wait_quietly
 from enspipe.common import keys
 
 THREAD_NAME = "enspipe-horovod"  # Horovod's background thread, where its collectives do their work
@@ -50,7 +50,7 @@ class HorovodTransport:
         import horovod.tensorflow as hvd
         import tensorflow as tf
 
-        self.hvd, self.tf = hvd, tf
+        self.hvd, self.tf, self.comm = hvd, tf, comm
         self.rank, size = comm.Get_rank(), comm.Get_size()
         self.image_shape, self.dtype = tuple(image_shape), np.dtype(dtype)
         self.stats = TransportStats()
@@ -147,5 +147,9 @@ class HorovodTransport:
         return fn(self.tf.constant(values)).numpy()
 
     def close(self) -> None:
+        """Shut Horovod down once every rank is done with it. The shutdown is global: a rank whose
+        process sets finished first (Single-Broadcast's rank 0, say) would otherwise end the
+        collectives still to come on the sets of the others."""
+        wait_quietly([self.comm.Ibarrier()])
         self.hvd.shutdown()
         self._fns = {}
