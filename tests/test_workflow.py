@@ -92,11 +92,19 @@ SMOKE = {"training": {"consumer": "emulated", "networks": ["vgg_a"], "schemes": 
                       "n": [2], "cores": [1]}}
 
 
+# The smoke cells' measured window: 40 steps (about 2 s here). The test grid's 6 steps (0.3 s) are
+# shorter than the 1 s monitor interval, and a pipeline's once-a-second costs then land in one
+# window and miss the other: 15 interleaved pairs here measured 1.34-2.07x at 6 steps, 1.73-1.95x
+# at 40, and CI once measured 3.49x at 6.
+SMOKE_STEPS = 40
+
+
 def test_a_short_workflow_run_end_to_end(tmp_path):
     """The quick suite's end-to-end run (`make test`): data stage, calibration, idle power, a
     baseline and an All-Shared cell under mpiexec, the cell table and every figure (the lag cells
     and FLEET's arms run in the test grid's whole run, marked slow)."""
-    cfg = {k: v for k, v in _config("test").items() if k not in ("lag", "heterogeneous")} | {"experiments": SMOKE}
+    cfg = {k: v for k, v in _config("test").items() if k not in ("lag", "heterogeneous")}
+    cfg |= {"experiments": SMOKE, "steps": SMOKE_STEPS}
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(cfg))
     r = snakemake("--cores", "2", "--configfile", path, workdir=tmp_path)
@@ -106,10 +114,11 @@ def test_a_short_workflow_run_end_to_end(tmp_path):
     assert table["epochs_exact"].all() and table["steady"].notna().all()
     shared = table[table["scheme"] == "all_shared"].iloc[0]
     # The judge ran and gave a verdict. Its threshold is tested on constructed tables (test_grid):
-    # a 4-step window of one repeat here is noisier than its 5% floor (CI once measured 2.13x at
-    # n = 2), so the verdict itself is not asserted; a gross measuring bug (3x between 2) still fails.
+    # one repeat's window here is noisier than its 5% floor, so the verdict itself is not asserted;
+    # a gross measuring bug (3x between 2) still fails.
     assert shared["reduction_ceiling"] == 2 and shared["exceeds_ceiling"] in (True, False, "True", "False")
-    assert 1 < shared["cpu_reduction_process"] < 3
+    seen = ["scheme", "process_cpu_seconds_per_image", "window_seconds", "window_balance", "warmup_steps", "steady"]
+    assert 1 < shared["cpu_reduction_process"] < 3, table[seen].to_string()
     assert (tmp_path / "results" / "figures" / "paper_vs_run.md").stat().st_size > 0
 
 
