@@ -149,6 +149,11 @@ def test_ceiling_finding():
               "process_cpu_seconds_per_image": v} for r, v in enumerate((0.0024, 0.0031, 0.0034))]
     assert holds(findings.ceiling_finding, pd.concat([shared(2.4), cells(*noisy)])) == UNTESTABLE
     assert holds(findings.ceiling_finding, pd.concat([shared(5.79), cells(*noisy)])) == NO
+    # a 0.3 s window (6 steps): once-a-second costs decide the ratio, so no verdict; one long window is judged
+    short = shared(3.49).assign(window_seconds=0.3)
+    assert holds(findings.ceiling_finding, short) == UNTESTABLE
+    both = pd.concat([short, shared(3.49).assign(cell="b", window_seconds=2.1)])
+    assert holds(findings.ceiling_finding, both) == NO
 
 
 def test_identical_work_finding():

@@ -20,7 +20,7 @@ from typing import Callable
 import pandas as pd
 
 from enspipe.report import tables
-from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, repeat_noise
+from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, MIN_JUDGED_WINDOW, repeat_noise
 
 NETWORKS = ["alexnet_v2", "inception_v1", "vgg_a"]
 COLUMNS = ["finding", "source", "paper", "this_run", "threshold", "holds", "basis"]
@@ -334,7 +334,8 @@ def energy_finding(df, t):
 # -- invariants of any honest measurement ----------------------------------------------------------
 @finding("invariant", "Sharing between n members saves at most n x CPU (a larger ratio is a measuring error)",
          "-", f"every shared cell's CPU reduction against its baseline at most n (+ the repeats' noise, "
-              f"{CEILING_TOLERANCE:.0%}-{MAX_CEILING_TOLERANCE:.0%}), node and process CPU")
+              f"{CEILING_TOLERANCE:.0%}-{MAX_CEILING_TOLERANCE:.0%}), node and process CPU, in windows of "
+              f"{MIN_JUDGED_WINDOW:g} s or more")
 def ceiling_finding(df, t):
     if "exceeds_ceiling" not in df:
         return None
@@ -346,6 +347,12 @@ def ceiling_finding(df, t):
     tol = d["ceiling_tolerance"].max() if "ceiling_tolerance" in d else CEILING_TOLERANCE
     text = f"{len(d)} shared cells; largest reduction / n: {worst:.2f} (allowed: {1 + tol:.2f}, the repeats' noise)"
     if len(above):
+        short = above["window_seconds"] < MIN_JUDGED_WINDOW
+        if short.all():
+            windows = ", ".join(f"{c}: {w:.2g} s" for c, w in zip(above["cell"], above["window_seconds"]))
+            return untestable(text, f"every cell above n measured a window shorter than {MIN_JUDGED_WINDOW:g} s "
+                              f"({windows}), too short to count only its own work; measure more steps (the "
+                              "config's `steps`, `--steps`) to judge it")
         noise = repeat_noise(df)
         ratio = above[["cpu_reduction_node", "cpu_reduction_process"]].max(axis=1) / above["n"]
         if noise > MAX_CEILING_TOLERANCE and (ratio <= 1 + noise).all():
