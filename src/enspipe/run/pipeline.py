@@ -217,10 +217,37 @@ class Pipeline:
                 pending.append(item)
                 yield {k: item[k] for k in ("encoded", "id", "epoch", "position", "label")}
 
+        slice_len = self.share[1] - self.share[0]
+        # kept until close(), so its pool threads' CPU stays visible
+        it = self._prep_iterator = iter(self._prep_dataset(gen, one, slice_len))
+        while True:
+            t, w = time.perf_counter(), waited[0]
+            try:
+                images, meta = next(it)
+            except (StopIteration, tf.errors.OpError) as e:
+                if self.stop.is_set():  # closed while the stage waited for its input
+                    raise Stopped from None
+                if isinstance(e, tf.errors.InvalidArgumentError):
+                    raise DataError(self._diagnose(pending, e)) from None
+                raise
+            raw = pending.popleft()
+            images, meta = images.numpy(), meta.numpy()
+            if self.skip_corrupt:
+                images, meta = self._drop_skipped(raw, images, meta)
+            self.preprocessed += len(meta)
+            took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
+            self.clock.add("preprocess", took - min(took, waited[0] - w))
+            images, meta = np.ascontiguousarray(images), np.ascontiguousarray(meta)
+            # the unit's slices, as views (a slice that lost skipped images is alone in its unit)
+            ends = [len(meta)] if self.unit == 1 else [slice_len * (i + 1) for i in range(self.unit)]
+            for lo, hi in zip([0, *ends[:-1]], ends):
+                self._put("exchange", Batch(images[lo:hi], meta[lo:hi]))
+
+    def _prep_dataset(self, gen, one, slice_len: int):
+        """The preprocessing stage's tf.data pipeline over ``gen``'s slices: images mapped by ``one``
+        and regrouped per unit, or, when skipping corrupt records, per slice with an end marker."""
         sig = {"encoded": tf.TensorSpec([None], tf.string),
                **{k: tf.TensorSpec([None], tf.int64) for k in ("id", "epoch", "position", "label")}}
-
-        slice_len = self.share[1] - self.share[0]
 
         def per_slice(b):  # one slice's images, the skipped ones left out, and a marker at its end
             items = tf.data.Dataset.from_tensor_slices(b).map(one, num_parallel_calls=self.threads, deterministic=True)
@@ -235,39 +262,22 @@ class Pipeline:
         else:  # one stream of images, preprocessed K at a time across slice boundaries, regrouped per unit
             ds = ds.flat_map(tf.data.Dataset.from_tensor_slices).map(
                 one, num_parallel_calls=self.threads, deterministic=True).batch(slice_len * self.unit)
-        ds = ds.with_options(self._options())
-        it = self._prep_iterator = iter(ds)  # kept until close(): its pool threads' CPU stays visible
-        while True:
-            t, w = time.perf_counter(), waited[0]
-            try:
-                images, meta = next(it)
-            except (StopIteration, tf.errors.OpError) as e:
-                if self.stop.is_set():  # closed while the stage waited for its input
-                    raise Stopped from None
-                if isinstance(e, tf.errors.InvalidArgumentError):
-                    raise DataError(self._diagnose(pending, e)) from None
-                raise
-            raw = pending.popleft()
-            images, meta = images.numpy(), meta.numpy()
-            if self.skip_corrupt:
-                keep = meta[:, 0] != -1
-                images, meta = images[keep], meta[keep]
-                lost = set(raw["id"].tolist()) - set(meta[:, 0].tolist())
-                if lost:
-                    batch = int(raw["position"][0]) // self.batch
-                    for key, i, epoch, label in zip(raw["key"], raw["id"], raw["epoch"], raw["label"]):
-                        if i in lost:
-                            self._skipped.append((batch, int(epoch), key.decode()))
-                            self.events.log(keys.SKIPPED, key=key.decode(), batch=batch, epoch=int(epoch),
-                                            reason="corrupt record" if label == CORRUPT_LABEL else "undecodable image")
-            self.preprocessed += len(meta)
-            took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
-            self.clock.add("preprocess", took - min(took, waited[0] - w))
-            images, meta = np.ascontiguousarray(images), np.ascontiguousarray(meta)
-            # the unit's slices, as views (a slice that lost skipped images is alone in its unit)
-            ends = [len(meta)] if self.unit == 1 else [slice_len * (i + 1) for i in range(self.unit)]
-            for lo, hi in zip([0, *ends[:-1]], ends):
-                self._put("exchange", Batch(images[lo:hi], meta[lo:hi]))
+        return ds.with_options(self._options())
+
+    def _drop_skipped(self, raw: dict, images, meta):
+        """A slice's images and metadata without its end marker and the images it skipped, each
+        skipped one recorded and logged."""
+        keep = meta[:, 0] != -1
+        images, meta = images[keep], meta[keep]
+        lost = set(raw["id"].tolist()) - set(meta[:, 0].tolist())
+        if lost:
+            batch = int(raw["position"][0]) // self.batch
+            for key, i, epoch, label in zip(raw["key"], raw["id"], raw["epoch"], raw["label"]):
+                if i in lost:
+                    self._skipped.append((batch, int(epoch), key.decode()))
+                    self.events.log(keys.SKIPPED, key=key.decode(), batch=batch, epoch=int(epoch),
+                                    reason="corrupt record" if label == CORRUPT_LABEL else "undecodable image")
+        return images, meta
 
     @staticmethod
     def _diagnose(pending, error) -> str:
