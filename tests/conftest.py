@@ -79,7 +79,7 @@ def bad_jpeg_dataset(tmp_path_factory):
     """Shards whose record 3 of shard 0 holds bytes that are not a JPEG."""
     import tensorflow as tf
 
-    from enspipe.data.shards import slim_example
+    from enspipe.data.records import slim_example
     from enspipe.data.synthetic import make_dataset
 
     root = tmp_path_factory.mktemp("bad") / "d"

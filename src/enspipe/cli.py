@@ -10,115 +10,13 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
-from typing import Callable
 
+from enspipe.commands.base import Command, Fail, say as _say
+from enspipe.commands.data import DATA_COMMANDS
 from enspipe.common.tfimport import import_tensorflow
 from enspipe.plan.config import RunConfig, add_options, from_options
 from enspipe.plan.options import counts, network_name, positive_int
 from enspipe.plan.errors import ConfigError
-
-Fail = Callable[[str], None]  # the parser's error(): prints the message and exits 2
-
-
-@dataclass(frozen=True)
-class Command:
-    help: str
-    declare: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, Fail], int]
-    show_defaults: bool = False
-
-
-def _say(msg: str) -> None:
-    print(f"enspipe: {msg}")
-
-
-# -- make-dataset ---------------------------------------------------------------------------------
-def _make_dataset_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--num-images", type=positive_int, required=True, help="number of images M (>= 1)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    p.add_argument("--num-classes", type=positive_int, default=100, help="number of classes (default 100)")
-    p.add_argument("--images-per-shard", type=positive_int, default=256, help="records per shard (default 256)")
-
-
-def _make_dataset(a: argparse.Namespace, fail: Fail) -> int:
-    if a.num_images < 1:
-        fail("--num-images: must be >= 1; pass the number of images to generate")
-    import_tensorflow(trains=False)
-    from enspipe.data.synthetic import make_dataset
-
-    m = make_dataset(a.out, a.num_images, a.seed, max(1, a.num_classes), max(1, a.images_per_shard))
-    _say(f"wrote {m.num_images} images in {len(m.files)} shards to {a.out} (digest {m.digest})")
-    return 0
-
-
-# -- convert, stage, index: the data stage ----------------------------------------------------------
-def _convert_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jpeg-dir", required=True, help="folder with one subfolder of JPEGs per class")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--images-per-shard", type=positive_int, default=1024)
-
-
-def _convert(a: argparse.Namespace, fail: Fail) -> int:
-    import_tensorflow(trains=False)
-    from enspipe.data.shards import write_jpeg_folders_as_shards
-
-    m = _data_step(fail, write_jpeg_folders_as_shards, a.jpeg_dir, a.out, max(1, a.images_per_shard))
-    _say(f"converted {m.num_images} images into {len(m.files)} shards in {a.out}")
-    return 0
-
-
-def _stage_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="your TF-Slim TFRecord shards or JPEG class folders")
-    p.add_argument("--out", required=True, help="the staged dataset directory")
-
-
-def _stage(a: argparse.Namespace, fail: Fail) -> int:
-    import_tensorflow(trains=False)
-    from enspipe.data.shards import stage_dataset
-
-    m = _data_step(fail, stage_dataset, a.data, a.out)
-    _say(f"staged {m.num_images} images ({m.kind}) from {a.data} in {a.out} (digest {m.digest})")
-    return 0
-
-
-def _index_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="a folder of TFRecord shards (or JPEG class folders)")
-    p.add_argument("--parse", default=None, metavar="FORMAT", help="the records' format: slim (default: TF-Slim's "
-                   "ImageNet records), tfds (TensorFlow Datasets' image and label) or your function as "
-                   "package.module:function, fn(record_bytes) -> (image_bytes, label); the manifest records it")
-
-
-def _index(a: argparse.Namespace, fail: Fail) -> int:
-    import os
-
-    from enspipe.common.atomic import write_json_atomic
-    from enspipe.data.manifest import MANIFEST, manifest_dict
-
-    import_tensorflow(trains=False)
-    from enspipe.data.shards import scan
-
-    from enspipe.data.parse import resolve
-
-    try:
-        resolve(a.parse)
-    except ValueError as e:
-        fail(f"--parse: {e}")
-    m = _data_step(fail, scan, a.data, a.parse)
-    write_json_atomic(os.path.join(a.data, MANIFEST), manifest_dict(m))
-    _say(f"{m.num_images} images, {m.num_classes} classes, digest {m.digest}")
-    return 0
-
-
-def _data_step(fail: Fail, fn, *args):
-    """A data-stage function's result; its DataError (a bad dataset) exits 2 with the message."""
-    from enspipe.data.manifest import DataError
-
-    try:
-        return fn(*args)
-    except DataError as e:
-        fail(str(e))
 
 
 # -- run: one cell ----------------------------------------------------------------------------------
@@ -490,11 +388,7 @@ def _idle_power(a: argparse.Namespace, fail: Fail) -> int:
 
 
 COMMANDS: dict[str, Command] = {
-    "make-dataset": Command("write the embedded synthetic JPEG TFRecord dataset", _make_dataset_args, _make_dataset),
-    "convert": Command("convert JPEG class folders into Slim TFRecord shards", _convert_args, _convert),
-    "index": Command("scan a TFRecord/JPEG dataset and write its manifest.json", _index_args, _index),
-    "stage": Command("the workflow's data stage for your dataset: pack JPEG folders into shards, or link "
-                     "TFRecord shards, into --out with a manifest", _stage_args, _stage),
+    **DATA_COMMANDS,
     "run": Command("run one cell: one ensemble member per MPI rank (use mpiexec -n N)", _run_args, _run,
                    show_defaults=True),
     "calibrate-rc": Command("measure the accelerator's training rate rc on a fixed batch", _calibrate_rc_args,

@@ -85,6 +85,7 @@ class SharedStream:
         if self.config.scheme != AUTO:  # no collective: every rank reaches the same verdict
             make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)
         self._comm, self._closed, self._log_dir = comm, False, log_dir
+        _say_left_out(self.manifest, comm)
         self._start(peer_timeout, malloc, threads, log_dir)
         atexit.register(self._at_exit)
 
@@ -291,6 +292,15 @@ def _plan(cfg: StreamConfig, comm, where, nodes: int) -> dict:
                            image_size=cfg.image_size, rc=cfg.accelerator_rate, core_limit=None,
                            wire_dtype=cfg.wire_dtype, node_shm=cfg.node_shm, comm_json=cfg.plan_comm,
                            block_images=cfg.block_images)
+
+
+def _say_left_out(manifest, comm) -> None:
+    """On the first rank: the files of the dataset's folder that were left out, and where they are listed."""
+    from enspipe.data.manifest import accounting_note
+
+    note = accounting_note(manifest)
+    if note and comm.Get_rank() == 0:
+        print(f"enspipe: {note}", file=sys.stderr, flush=True)
 
 
 def _check_member_options(peer_timeout, malloc, threads, members_per_rank) -> None:

@@ -41,6 +41,9 @@ class Manifest:
     info: dict | None = None
     counts: tuple[int | None, ...] = ()  # records per shard, where known
     sizes: tuple[int | None, ...] = ()   # bytes per shard, where known
+    classes: tuple[str, ...] = ()        # class names in label order, where known
+    numbering: str = ""                  # how labels are numbered (enspipe.data.folders.NUMBERINGS), where known
+    accounting: dict | None = None       # the source folder's files: included, skipped and ignored by reason
 
     def paths(self) -> list[str]:
         return [os.path.join(self.root, f) for f in self.files]
@@ -57,7 +60,27 @@ def manifest_dict(m: Manifest) -> dict:
         d["files"], d["labels"] = list(m.files), list(m.labels)
     if m.info:
         d["info"] = m.info
+    if m.classes:
+        d["classes"] = list(m.classes)
+    if m.numbering:
+        d["numbering"] = m.numbering
+    if m.accounting is not None:
+        d["accounting"] = m.accounting
     return d
+
+
+def accounting_note(m: Manifest) -> str | None:
+    """One line on the files of the dataset's source folder that were left out (None where none
+    was): the counts by reason, and where they are listed or how to list them."""
+    acc = m.accounting or {}
+    skipped, ignored = acc.get("skipped") or {}, acc.get("ignored") or {}
+    if not skipped and not ignored:
+        return None
+    said = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in {**skipped, **ignored}.items())
+    where = (f"listed in {os.path.join(m.root, acc['list'])}" if acc.get("list")
+             else f"`enspipe index --data {m.root}` lists them in skipped.csv")
+    return (f"{m.root}: {acc.get('included', m.num_images)} images included, {sum(skipped.values())} files skipped "
+            f"and {sum(ignored.values())} ignored ({said}); {where}")
 
 
 def read_manifest(root: str) -> Manifest:
@@ -72,7 +95,8 @@ def read_manifest(root: str) -> Manifest:
                         files=tuple(s["path"] for s in shards) if m["kind"] == "tfrecord" else tuple(m["files"]),
                         labels=tuple(m.get("labels", ())), synthetic=bool(m.get("synthetic", False)),
                         info=m.get("info"), counts=tuple(s.get("num_records") for s in shards),
-                        sizes=tuple(s.get("bytes") for s in shards))
+                        sizes=tuple(s.get("bytes") for s in shards), classes=tuple(m.get("classes", ())),
+                        numbering=m.get("numbering", ""), accounting=m.get("accounting"))
     except (KeyError, ValueError, TypeError) as e:
         raise DataError(f"{path}: malformed manifest ({e!r}); delete it to rescan, or regenerate the dataset") from None
 
@@ -87,8 +111,7 @@ def check(root: str) -> str | None:
         except DataError as e:
             return str(e)
         return _check_against(m)
-    if any(os.path.isdir(os.path.join(root, d)) and any(f.endswith(JPEG_EXTENSIONS) for f in os.listdir(os.path.join(root, d)))
-           for d in os.listdir(root)):
+    if image_folders(root):
         return None
     files = candidate_shards(root)
     if not files:
@@ -119,10 +142,32 @@ def _check_against(m: Manifest) -> str | None:
     return None
 
 
+def image_folders(root: str, looked_at: int = 8) -> bool:
+    """Whether ``root`` holds a folder of images (its first few files' content tells)."""
+    from enspipe.data.images import HEAD, hidden, sniff
+
+    for d in sorted(os.listdir(root)):
+        here = os.path.join(root, d)
+        if hidden(d) or not os.path.isdir(here):
+            continue
+        for name in sorted(os.listdir(here))[:looked_at]:
+            path = os.path.join(here, name)
+            if os.path.isdir(path):
+                return True  # class folders with subfolders of their own
+            try:
+                with open(path, "rb") as f:
+                    if sniff(f.read(HEAD)):
+                        return True
+            except OSError:
+                continue
+    return False
+
+
 def candidate_shards(root: str) -> list[str]:
     """Files of ``root`` that may be TFRecord shards (not the manifest, temporaries or JPEGs)."""
     return sorted(p for p in (os.path.join(root, f) for f in os.listdir(root))
-                  if os.path.isfile(p) and not p.endswith((".json", ".tmp")) and ".tmp." not in p
+                  if os.path.isfile(p) and not p.endswith((".json", ".tmp", ".csv", ".partial")) and ".tmp." not in p
+                  and not os.path.basename(p).startswith(".")
                   and not p.endswith(JPEG_EXTENSIONS))
 
 

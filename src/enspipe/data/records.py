@@ -77,6 +77,23 @@ def make_example(features: dict[str, bytes | int]) -> bytes:
     return ex.SerializeToString()
 
 
+def slim_example(encoded: bytes, label: int, height: int, width: int, filename: str, synset: str,
+                 image_format: str = "JPEG") -> bytes:
+    """A ``tf.train.Example`` with TF-Slim's ImageNet feature keys (``image/format`` the image's
+    own: Slim's reader decodes PNG as well as JPEG)."""
+    return make_example({
+        "image/encoded": encoded, "image/format": image_format.encode(), "image/class/label": label,
+        "image/class/synset": synset.encode(), "image/class/text": synset.encode(), "image/height": height,
+        "image/width": width, "image/colorspace": b"RGB", "image/channels": 3, "image/filename": filename.encode()})
+
+
+def framed(payload: bytes) -> bytes:
+    """One TFRecord: ``payload`` with its length and their masked CRCs, as TFRecordWriter writes it."""
+    length = struct.pack("<Q", len(payload))
+    return (length + struct.pack("<I", masked_crc32c(length)) + payload
+            + struct.pack("<I", masked_crc32c(payload)))
+
+
 def parse_slim(payload: bytes, key: bytes = b"?") -> tuple[bytes, int]:
     """A serialized Slim ``tf.train.Example``'s encoded image and label, as ``tf.io.parse_example``
     with Slim's features reads them (the label is -1 where it is absent), parsed by protobuf in
@@ -110,9 +127,10 @@ def indexed(m: Manifest) -> bool:
 
 def load_manifest(root: str) -> Manifest:
     """Read ``root/manifest.json``, or scan the directory when there is none (which reads every
-    record and hashes its key with TensorFlow: :func:`enspipe.data.shards.scan`)."""
+    record, or each image folder file's header, and hashes the keys with TensorFlow:
+    :func:`enspipe.data.build.scan`)."""
     if not os.path.exists(os.path.join(root, MANIFEST)):
-        from enspipe.data.shards import scan
+        from enspipe.data.build import scan
 
         return scan(root)
     return read_manifest(root)

@@ -17,7 +17,6 @@ share.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import os
@@ -27,29 +26,15 @@ import numpy as np
 import tensorflow as tf
 
 from enspipe.common.atomic import write_json_atomic
-from enspipe.data.manifest import JPEG_EXTENSIONS, MANIFEST, DataError, Manifest, candidate_shards, manifest_dict
-from enspipe.data.records import (CYCLE, checked_payload, header_length, indexed, make_example, placeholder,
-                                  record_format)
-
-_ID_BUCKETS = 2**63 - 1
-_MASK64 = (1 << 64) - 1
+from enspipe.data.keys import _ID_BUCKETS, add_digests, digest_of, sample_ids  # noqa: F401 - the stream's keys
+from enspipe.data.manifest import MANIFEST, DataError, Manifest, candidate_shards, manifest_dict
+from enspipe.data.records import CYCLE, checked_payload, header_length, indexed, placeholder, record_format, slim_example
 
 SLIM_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/format": tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
 }
-
-
-def sample_ids(keys) -> np.ndarray:
-    """The 63-bit ids of sample keys (a list of str/bytes or a string tensor)."""
-    return tf.strings.to_hash_bucket_fast(tf.convert_to_tensor(keys, tf.string), _ID_BUCKETS).numpy()
-
-
-def digest_of(ids) -> str:
-    """Order-independent digest of a collection of ids: their sum modulo 2**64, in hex."""
-    total = int(np.asarray(ids, dtype=np.uint64).sum(dtype=np.uint64)) if len(ids) else 0
-    return f"{total & _MASK64:016x}"
 
 
 def batch_checksum(batch) -> str:
@@ -62,39 +47,21 @@ def batch_checksum(batch) -> str:
     return h.hexdigest()
 
 
-def add_digests(a: str, b: str) -> str:
-    return f"{(int(a, 16) + int(b, 16)) & _MASK64:016x}"
-
-
-def _jpeg_folders(root: str) -> tuple[list[str], list[int], list[str]]:
-    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    files, labels = [], []
-    for label, cls in enumerate(classes):
-        for name in sorted(os.listdir(os.path.join(root, cls))):
-            if name.endswith(JPEG_EXTENSIONS):
-                files.append(f"{cls}/{name}")
-                labels.append(label)
-    return files, labels, classes
-
-
 def _shard_key_prefix(path: str) -> str:
     return os.path.basename(path)
 
 
-def scan(root: str, parse=None) -> Manifest:
-    """Build a manifest by reading the directory (every TFRecord is read once to count and key it,
-    its label read with ``parse``: see :mod:`enspipe.data.parse`; the manifest names it)."""
+def scan_records(root: str, parse=None) -> Manifest:
+    """Build a TFRecord dataset's manifest by reading the directory (every record is read once to
+    count and key it, its label read with ``parse``: see :mod:`enspipe.data.parse`; the manifest
+    names it). Image folders are scanned by :func:`enspipe.data.build.scan`."""
     from enspipe.data.parse import resolve
 
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a directory; create a dataset with `enspipe make-dataset`")
-    files, labels, classes = _jpeg_folders(root)
-    if files:
-        return Manifest(root, "jpeg_folders", len(files), len(classes), digest_of(sample_ids(files)),
-                        tuple(files), tuple(labels))
     shards = candidate_shards(root)
     if not shards:
-        raise DataError(f"{root}: no TFRecord shards and no JPEG class folders found")
+        raise DataError(f"{root}: no TFRecord shards and no image class folders found")
     parser = resolve(parse)
     total, digest, max_label, counts = 0, digest_of([]), -1, []
     for shard in shards:
@@ -137,25 +104,6 @@ def expected_keys(m: Manifest) -> list[str] | None:
     if not m.counts or any(c is None for c in m.counts):
         return None
     return [f"{os.path.basename(f)}:{i}" for f, c in zip(m.files, m.counts) for i in range(c)]
-
-
-def stage_dataset(src: str, out: str) -> Manifest:
-    """The workflow's shared data stage for a user's dataset, leaving the source untouched: JPEG
-    class folders are packed into TF-Slim shards under ``out``; TFRecord shards are linked there.
-    Either way ``out`` gets a ``manifest.json`` (sample keys, hence the digest, are unchanged)."""
-    m = scan(src)
-    if m.kind == "jpeg_folders":
-        return write_jpeg_folders_as_shards(src, out)
-    os.makedirs(out, exist_ok=True)
-    for f in m.files:
-        dst = os.path.join(out, f)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if os.path.lexists(dst):
-            os.remove(dst)
-        os.symlink(os.path.abspath(os.path.join(src, f)), dst)
-    staged = dataclasses.replace(m, root=out, sizes=tuple(os.path.getsize(p) for p in m.paths()))
-    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(staged))
-    return staged
 
 
 def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
@@ -477,33 +425,6 @@ def locate_corrupt_record(m: Manifest) -> str:
             return (f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]}); "
                     "pass --on-corrupt skip to skip and count it")
     return "a TFRecord shard became unreadable during the run"
-
-
-def write_jpeg_folders_as_shards(src: str, out: str, images_per_shard: int = 1024) -> Manifest:
-    """Convert a folder of JPEG class folders into Slim-format TFRecord shards plus a manifest."""
-    m = scan(src)
-    if m.kind != "jpeg_folders":
-        raise DataError(f"{src}: not a folder of JPEG class folders")
-
-    classes = sorted({f.split("/")[0] for f in m.files})
-
-    def samples():
-        for rel, label in zip(m.files, m.labels):
-            with open(os.path.join(src, rel), "rb") as f:
-                data = f.read()
-            shape = tf.io.extract_jpeg_shape(data).numpy()
-            yield data, label, int(shape[0]), int(shape[1]), rel, classes[label]
-
-    return write_shards(out, samples(), m.num_images, len(classes), images_per_shard,
-                        info={"source": os.path.abspath(src)}, synthetic=False)
-
-
-def slim_example(encoded: bytes, label: int, height: int, width: int, filename: str, synset: str) -> bytes:
-    """A ``tf.train.Example`` with TF-Slim's ImageNet feature keys."""
-    return make_example({
-        "image/encoded": encoded, "image/format": b"JPEG", "image/class/label": label,
-        "image/class/synset": synset.encode(), "image/class/text": synset.encode(), "image/height": height,
-        "image/width": width, "image/colorspace": b"RGB", "image/channels": 3, "image/filename": filename.encode()})
 
 
 def write_shards(out: str, samples, num_images: int, num_classes: int, images_per_shard: int,

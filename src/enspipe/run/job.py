@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from enspipe.common import keys, phases
+from enspipe.data.manifest import accounting_note
 from enspipe.plan.config import RunConfig
 from enspipe.plan.schemes import make_scheme, node_groups
 from enspipe.run.monitors import slurm_counter, start_node_monitor
@@ -138,12 +139,16 @@ def _log_start(cfg: RunConfig, comm, scheme, where, events, affinity, malloc, pr
                sharing_cores=where.sharing_cores, threads=where.threads, placement=where.as_dict(), malloc=malloc,
                preprocessing=preprocessing, share=scheme.share(rank, cfg.global_batch),
                dataset={"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
-                        "digest": manifest.digest, "synthetic": manifest.synthetic})
+                        "digest": manifest.digest, "synthetic": manifest.synthetic,
+                        "accounting": manifest.accounting})
     say(rank, f"{scheme.name} n={n} p={scheme.p} {cfg.training.network} batch={cfg.global_batch} "
               f"{cfg.training.consumer}{' (emulated accelerator)' if cfg.training.consumer == 'emulated' else ''} "
               f"steps={cfg.measure.warmup}+{cfg.measure.steps} cores={cfg.measure.cores or 'all'} "
               f"{cfg.stream.image_size}px"
               f"{' OVERSUBSCRIBED' if where.oversubscribed else ''}{_exchange_note(cfg)} -> {cfg.out}")
+    note = accounting_note(manifest)
+    if note:
+        say(rank, note)
 
 
 def _exchange_note(cfg: RunConfig) -> str:
