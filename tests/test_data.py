@@ -8,8 +8,9 @@ import tensorflow as tf
 
 from enspipe.data.manifest import DataError
 from enspipe.data.records import first_samples, indexed, load_manifest, make_example, parse_slim
-from enspipe.data.shards import (SLIM_FEATURES, digest_of, load_samples, read_slices, sample_ids, sample_stream, scan,
-                                 slice_of_batch, write_jpeg_folders_as_shards)
+from enspipe.data.build import FolderSource, convert_folder, scan
+from enspipe.data.shards import (SLIM_FEATURES, digest_of, load_samples, read_slices, sample_ids, sample_stream,
+                                 slice_of_batch)
 from enspipe.data.synthetic import make_dataset, synthetic_image
 
 
@@ -105,7 +106,7 @@ def test_jpeg_folders_read_and_convert(tmp_path):
     assert (m.kind, m.num_images, m.num_classes) == ("jpeg_folders", 6, 2)
     b = _take(m, 0, 6, 0, 6, 1)[0]
     assert digest_of(b["id"]) == m.digest and sorted(b["label"].tolist()) == [0, 0, 0, 1, 1, 1]
-    shards = write_jpeg_folders_as_shards(str(tmp_path / "jpegs"), str(tmp_path / "shards"), 4)
+    shards, _, _ = convert_folder(FolderSource(str(tmp_path / "jpegs")), str(tmp_path / "shards"), images_per_shard=4)
     assert shards.num_images == 6 and len(shards.files) == 2
     assert scan(str(tmp_path / "shards")).digest == shards.digest
 

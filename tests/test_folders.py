@@ -186,7 +186,7 @@ def mini_imagenet(tmp_path_factory):
     return root, synsets, truth
 
 
-@pytest.mark.parametrize("numbering", ["folders", "slim"])
+@pytest.mark.parametrize("numbering", ["folders", pytest.param("slim", marks=pytest.mark.slow)])
 def test_a_miniature_imagenet_converts_with_one_numbering(mini_imagenet, tmp_path, numbering):
     from enspipe.data.records import load_manifest
     from enspipe.data.shards import read_slices
@@ -226,12 +226,12 @@ def _filenames(shards) -> dict[str, int]:
 
 @pytest.mark.parametrize("case,words", [
     ("flat_without_labels", "not a folder of class folders"),
-    ("empty_class", "a class folder with no files"),
+    pytest.param("empty_class", "a class folder with no files", marks=pytest.mark.slow),
     ("unknown_file", "names files that are not in the folder: ILSVRC2012_val_00000099"),
-    ("unknown_synset", "has classes the synset list"),
-    ("folders_not_in_list", "has classes the synset list"),
-    ("numeric", "numeric labels"),
-    ("missing_label", "have no line in"),
+    pytest.param("unknown_synset", "has classes the synset list", marks=pytest.mark.slow),
+    pytest.param("folders_not_in_list", "has classes the synset list", marks=pytest.mark.slow),
+    pytest.param("numeric", "numeric labels", marks=pytest.mark.slow),
+    pytest.param("missing_label", "have no line in", marks=pytest.mark.slow),
 ])
 def test_bad_imagenet_input_gets_one_line(mini_imagenet, tmp_path, case, words):
     root, synsets, _ = mini_imagenet
@@ -274,6 +274,7 @@ def many(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_an_interrupted_conversion_leaves_no_manifest_and_resumes(many, tmp_path, sig):
     out = tmp_path / "s"
