@@ -124,3 +124,50 @@ def test_the_psutil_sampler_stops_when_its_parent_is_gone(tmp_path):
         p = subprocess.Popen([sys.executable, "-m", "enspipe.measure.cpusampler", "0.2", repr(time.time()), "1"],
                              stdout=f)  # its parent, as it says, is pid 1: not its own
         assert p.wait(10) == 0
+
+
+def test_a_monitor_that_stopped_inside_the_window_reports_no_node_cpu():
+    """Samples that end 6.6 s before a 10 s window does (as a killed sampler's did): the host's
+    coverage says how much was seen, and no node CPU is extrapolated over the rest."""
+    rows = [{"host": "a", "cpu": c, "t": float(k), "busy": 90.0} for k in range(1, 5) for c in ("0", "1", "all")]
+    w = cpumon.window_cpu(rows, 1.0, 0.6, 10.6)
+    assert w["coverage"] == {"a": pytest.approx(0.34)}
+    assert w["node_cpu_seconds"] == {"a": None} and w["node_cpu_seconds_total"] is None
+    whole = cpumon.window_cpu(rows + [{"host": "a", "cpu": "0", "t": float(k), "busy": 90.0} for k in range(5, 12)],
+                              1.0, 0.6, 10.6)
+    assert whole["coverage"] == {"a": 1.0} and whole["node_cpu_seconds_total"] is not None
+
+
+@pytest.mark.parametrize("source", ["psutil", pytest.param("mpstat", marks=[pytest.mark.slow, pytest.mark.skipif(
+    shutil.which("mpstat") is None, reason="sysstat is not installed (CI installs it)")])])
+def test_a_cell_whose_cpu_monitor_is_killed_mid_window_says_node_cpu_is_missing(dataset, tmp_path, source):
+    import psutil
+
+    from conftest import summary
+
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "enspipe", "run", "--data", dataset, "--out", str(out), "--network", "tiny",
+           "--consumer", "emulated", "--rate", "40", "--batch-size", "8", "--steps", "40", "--warmup", "0",
+           "--image-size", "32", "--cpu-monitor", source]
+    cell = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events = out / "events.rank0000.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (events.exists() and events.read_text().count('"event": "step"') >= 5):
+        time.sleep(0.05)
+    name = "mpstat" if source == "mpstat" else "enspipe.measure.cpusampler"
+    monitors = [p for p in psutil.Process(cell.pid).children(recursive=True) if name in " ".join(p.cmdline())]
+    assert monitors, "no CPU monitor to kill"
+    for p in monitors:
+        p.kill()
+    _, err = cell.communicate(timeout=120)
+    assert cell.returncode == 0, err[-2000:]
+    s = summary(out)
+    host = next(iter(s["node_cpu_coverage"]))
+    assert s["node_cpu_seconds_total"] is None and s["node_cpu_seconds"][host] is None
+    assert 0 < s["node_cpu_coverage"][host] < 0.9 and "stopped before the window ended" in s["node_cpu_missing"][host]
+    assert s["energy_source"] != "modelled" and "node CPU is missing" in s["energy_unavailable"]["modelled"]
+    from enspipe.report.collect import cell_row
+
+    s["cell"] = {"network": "tiny", "scheme": "baseline", "n": 1, "p": 1, "cores": "all", "consumer": "emulated",
+                 "rep": 0}
+    assert "stopped before the window ended" in cell_row(s)["node_cpu_missing"]

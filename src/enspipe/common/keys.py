@@ -60,7 +60,8 @@ SUMMARY: dict[str, str] = {
     "malloc": "the members' malloc policy in force (--malloc): keep (freed images' pages reused in place), "
               "system, or system with why keep could not be applied",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
-    "dataset": "path, size, digest, whether synthetic, effective shuffle buffer",
+    "dataset": "path, size, digest, whether synthetic, effective shuffle buffer, and the source folder's "
+               "accounting (images included, files skipped and ignored by reason; null for TFRecords)",
     "images_per_second_per_member": "mean over members of images/s in the measured window",
     "cpu_seconds_total": "the members' own process CPU-s in the measured window, summed",
     "stages_per_image": "CPU and wall s per delivered image by pipeline stage, mean over members",
@@ -71,7 +72,10 @@ SUMMARY: dict[str, str] = {
     "node_cpu_seconds_total": "their sum, each machine once (hosts that share a kernel see the same CPUs)",
     "hosts_per_kernel": "the most hosts sharing one kernel (>1: namespaced nodes or containers on one machine, "
                         "whose node CPU is that machine's)",
-    "per_core_busy_percent": "per host and core: mean busy %",
+    "per_core_busy_percent": "per host and core: mean busy % (none for a host whose monitor missed the window)",
+    "node_cpu_coverage": "per host: the share of the window its CPU monitor's samples cover (1: all of it)",
+    "node_cpu_missing": "per host whose monitor stopped before the window ended: why it has no node CPU "
+                        "(null: every host's was measured over the whole window)",
     "cpu_source": "mpstat, psutil or none",
     "energy_joules": "the headline energy in the job's window", "energy_source": "where it came from",
     "energy_modelled": "whether it is the power model's", "energy_by_source": "every source's joules",

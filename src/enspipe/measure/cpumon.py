@@ -100,7 +100,9 @@ class CpuMonitor:
                 time.sleep(0.01)  # its line appears within milliseconds of the tick, unless the node is loaded
             linger = max(0.0, deadline - time.time()) if self.source == "mpstat" else 0.0
         time.sleep(self.interval + 0.2 if linger is None else linger)
-        if self.proc.poll() is None:
+        if self.proc.poll() is not None:  # it ended before it was asked to: killed, or crashed
+            self.marks["ended_early"] = {"returncode": self.proc.returncode, "seen": time.time()}
+        else:
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(5)
@@ -247,16 +249,42 @@ def integrate(t: np.ndarray, y: np.ndarray, t0: float, t1: float) -> float:
     return float(np.sum((ys[1:] + ys[:-1]) / 2 * np.diff(ts)))
 
 
+COMPLETE_COVERAGE = 0.98  # a host's samples must cover this share of the window for its node CPU to count
+
+
+def coverage(rows: list[dict], interval: float, t0: float, t1: float) -> dict[str, float]:
+    """Per host, the share of the window [t0, t1] its monitor's samples cover: a sample covers the
+    interval that ends at its timestamp. A monitor that died inside the window covers less than 1."""
+    times: dict[str, set[float]] = {}
+    for r in rows:
+        times.setdefault(r["host"], set()).add(r["t"])
+    out = {}
+    for host, ts in times.items():
+        covered = 0.0
+        for t in sorted(ts):
+            covered += max(0.0, min(t, t1) - max(t - interval, t0))
+        out[host] = min(1.0, covered / (t1 - t0)) if t1 > t0 else 0.0
+    return out
+
+
 def window_cpu(rows: list[dict], interval: float, t0: float, t1: float) -> dict:
-    """CPU-seconds per node and per-core average busy % over the window [t0, t1]."""
-    nodes: dict[str, float] = {}
-    per_core: dict[str, dict[str, float]] = {}
+    """CPU-seconds per node and per-core average busy % over the window [t0, t1], and each host's
+    ``coverage``. A host whose samples cover less than :data:`COMPLETE_COVERAGE` of the window
+    (its monitor died, or was killed) has no node CPU (None), never one extrapolated over time the
+    monitor did not see."""
+    nodes: dict[str, float | None] = {}
+    per_core: dict[str, dict[str, float] | None] = {}
+    covered = coverage(rows, interval, t0, t1)
     for (host, cpu), (t, busy) in sorted(core_series(rows, interval).items(), key=lambda kv: (kv[0][0], _cpu_key(kv[0][1]))):
         cpu_s = integrate(t, busy, t0, t1) / 100.0
         nodes[host] = nodes.get(host, 0.0) + cpu_s
         per_core.setdefault(host, {})[cpu] = 100.0 * cpu_s / (t1 - t0) if t1 > t0 else 0.0
-    return {"node_cpu_seconds": nodes, "node_cpu_seconds_total": float(sum(nodes.values())),
-            "per_core_busy_percent": per_core, "window_seconds": t1 - t0}
+    for host, share in covered.items():
+        if share < COMPLETE_COVERAGE:
+            nodes[host], per_core[host] = None, None
+    complete = all(v is not None for v in nodes.values())
+    return {"node_cpu_seconds": nodes, "node_cpu_seconds_total": float(sum(nodes.values())) if complete else None,
+            "per_core_busy_percent": per_core, "window_seconds": t1 - t0, "coverage": covered}
 
 
 def _cpu_key(cpu: str):

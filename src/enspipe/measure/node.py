@@ -97,16 +97,23 @@ def _machine_total(nodes: list[dict], per_host: dict[str, float]) -> tuple[float
 
 
 def _cpu_fields(cpu_nodes: list[dict]) -> dict:
-    """The summary's node CPU fields from the nodes whose CPU monitor ran (all None without one)."""
+    """The summary's node CPU fields from the nodes whose CPU monitor ran (all None without one).
+    A host whose monitor's samples do not cover the window has none (``node_cpu_missing`` says
+    why, ``node_cpu_coverage`` how much was seen), and then neither has the job's total."""
     if not cpu_nodes:
         return dict(cpu_source=None, node_cpu_seconds=None, node_cpu_seconds_total=None, per_core_busy_percent=None,
-                    hosts_per_kernel=None)
-    per_host = {n["host"]: n["cpu"]["node_cpu_seconds"].get(n["host"], 0.0) for n in cpu_nodes}
-    total, shared = _machine_total(cpu_nodes, per_host)
+                    hosts_per_kernel=None, node_cpu_coverage=None, node_cpu_missing=None)
+    per_host = {n["host"]: n["cpu"]["node_cpu_seconds"].get(n["host"]) for n in cpu_nodes}
+    covered = {n["host"]: round(n["cpu"].get("coverage", {}).get(n["host"], 0.0), 4) for n in cpu_nodes}
+    missing = {h: f"the CPU monitor ({n['cpu_source']}) on {h} stopped before the window ended: its samples cover "
+                  f"{covered[h]:.0%} of the window, so no node CPU is reported for it"
+               for n in cpu_nodes for h in [n["host"]] if per_host[h] is None}
+    total, shared = _machine_total(cpu_nodes, per_host) if not missing else (None, None)
     return dict(cpu_source="+".join(sorted({n["cpu_source"] for n in cpu_nodes})), node_cpu_seconds=per_host,
-                per_core_busy_percent={n["host"]: n["cpu"]["per_core_busy_percent"].get(n["host"], {})
+                per_core_busy_percent={n["host"]: (n["cpu"]["per_core_busy_percent"].get(n["host"]) or {})
                                        for n in cpu_nodes},
-                node_cpu_seconds_total=total, hosts_per_kernel=shared)
+                node_cpu_seconds_total=total, hosts_per_kernel=shared, node_cpu_coverage=covered,
+                node_cpu_missing=missing or None)
 
 
 def _headline(by_source: dict[str, float], requested: tuple[str, ...], seconds: float, n_nodes: int,
@@ -167,7 +174,9 @@ def job_fields(nodes: list[dict], t0: float, t1: float, requested: tuple[str, ..
             if "external" in requested:
                 raise
             unavailable["external"] = str(e)
-    if cpu_nodes:
+    if fields["node_cpu_missing"]:
+        unavailable.setdefault("modelled", "node CPU is missing: " + "; ".join(fields["node_cpu_missing"].values()))
+    elif cpu_nodes:
         by_source["modelled"] = power.modelled_energy(fields["node_cpu_seconds"], seconds, idle_watts, watts_per_core)
         for n in cpu_nodes:
             rows += power.modelled_node_power(n["cpu_rows"], n["interval"], idle_watts, watts_per_core)

@@ -109,6 +109,15 @@ def _by_network(d: pd.DataFrame, value: str) -> dict:
     return out
 
 
+def node_cpu_gaps(df: pd.DataFrame) -> str:
+    """What a node-CPU finding says of cells whose CPU monitor missed part of their window ("" if none)."""
+    if "node_cpu_missing" not in df or not df["node_cpu_missing"].notna().any():
+        return ""
+    cells = df.loc[df["node_cpu_missing"].notna(), "cell"]
+    return (f"; node CPU missing in {len(cells)} cells ({', '.join(cells)}: their CPU monitor stopped inside the "
+            "window), so node-CPU values leave them out and their process CPU counts alone")
+
+
 def _emulated_only(d: pd.DataFrame) -> bool:
     return len(d) > 0 and set(d["accelerator"].dropna().astype(str)) <= {"emulated", "none"}
 
@@ -231,7 +240,7 @@ def broadcast_cpu_finding(df, t):
         return None
     text = f"{d['network'].iloc[0]}, n > 1, node CPU: " + _fmt(rel, "x") + ("; process CPU: " + _fmt(proc, "x")
                                                                            if proc else "")
-    basis = "node CPU-s per delivered image, mean over cells"
+    basis = "node CPU-s per delivered image, mean over cells" + node_cpu_gaps(df)
     if sb >= 0.95 and mb < 1.10:
         return Verdict(text, BY_DESIGN, "enspipe's Multi-Broadcast posts its P broadcasts as non-blocking MPI "
                        "broadcasts from one thread; the paper's needed one Horovod background thread per broadcast, "
@@ -253,7 +262,7 @@ def reduction_finding(df, t):
     if len(above):
         return Verdict(text, False, "reduction above n (a measuring error) in: " + ", ".join(
             f"{r.network} n={r.n} cores {r.cores} ({r.reduction:.2f}x / {r.reduction_process:.2f}x)"
-            for r in above.itertuples()))
+            for r in above.itertuples()) + node_cpu_gaps(df))
     vals = [red[n] for n in NETWORKS if n in red]
     if len(vals) < 2:
         return None
@@ -261,7 +270,7 @@ def reduction_finding(df, t):
         return untestable(text, "the emulated accelerator uses no CPU, so nothing but preprocessing differs between "
                                 "networks and every network's ideal reduction is n; the paper's order comes from the "
                                 "members' own training CPU (train cells on real accelerators)")
-    return Verdict(text, all(a >= b for a, b in zip(vals, vals[1:])), "")
+    return Verdict(text, all(a >= b for a, b in zip(vals, vals[1:])), node_cpu_gaps(df).lstrip("; "))
 
 
 @finding("Table 3", "At 1 core the baseline slows down far more than All-Shared",
@@ -327,7 +336,7 @@ def energy_finding(df, t):
     holds = min(sav.values()) > 0
     if sources == ["modelled"]:
         return Verdict(text, f"{'yes' if holds else 'no'} (modelled)",
-                       "power MODELLED from CPU use (no meter or counter here)")
+                       "power MODELLED from CPU use (no meter or counter here)" + node_cpu_gaps(df))
     return Verdict(text, bool(holds), "power " + "/".join(sources))
 
 
@@ -360,8 +369,8 @@ def ceiling_finding(df, t):
                               f"{MAX_CEILING_TOLERANCE:.0%} the invariant allows, and every cell above n is within "
                               f"that noise ({', '.join(above['cell'])}); a quieter machine, or more repeats, can "
                               "judge it")
-        return Verdict(text, False, "above n: " + ", ".join(above["cell"]))
-    return Verdict(text, True, "reductions from cells.csv")
+        return Verdict(text, False, "above n: " + ", ".join(above["cell"]) + node_cpu_gaps(df))
+    return Verdict(text, True, "reductions from cells.csv" + node_cpu_gaps(df))
 
 
 @finding("invariant", "Cells of identical work agree: at n = 1 every scheme does the same work",

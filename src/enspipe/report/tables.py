@@ -43,6 +43,8 @@ def provenance(df: pd.DataFrame, machine: bool = True) -> str:
 
     line = f"accelerator: {values('accelerator') or 'none'}"
     line += f"; energy: {values('energy_source') or 'none'}" if "energy_source" in df else ""
+    missing = int(df["node_cpu_missing"].notna().sum()) if "node_cpu_missing" in df else 0
+    line += f"; node CPU missing in {missing} cells (CPU monitor stopped): left out of node-CPU values" if missing else ""
     return line + f"; machine: {values('machine', '; ')}" if machine and "machine" in df else line
 
 
