@@ -33,4 +33,5 @@ rule all:
         "results/tables/cells.csv",
         "results/calibration/rates.json",
         "results/figures/paper_vs_run.md",
+        "results/tables/dataset.csv",
     default_target: True

@@ -322,3 +322,23 @@ def test_progress_is_a_redrawn_line_on_a_terminal_and_plain_lines_elsewhere():
     assert len(lines) == 3 and lines[0].startswith("convert: 50/100 files (50.0%)") and "MB/s" in lines[0]
     assert json.dumps(lines)  # plain text, no control characters
     assert "\r" not in log.getvalue()
+
+
+@pytest.mark.workflow
+def test_the_workflows_data_stage_converts_a_users_folder_and_reports_its_counts(quirky, tmp_path):
+    import yaml
+
+    from test_workflow import _config, snakemake
+
+    root, _ = quirky
+    before = sorted(os.listdir(root))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_config("test") | {"dataset": {"path": root}}))
+    r = snakemake("results/tables/dataset.csv", "--cores", "2", "--configfile", cfg, workdir=tmp_path / "wd")
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "wd" / "results" / "tables" / "dataset.csv", newline="") as f:
+        rows = {(x["verdict"], x["reason"]): int(x["files"]) for x in csv.DictReader(f)}
+    assert rows[("skipped", "undecodable")] == 2 and rows[("ignored", "hidden")] == 1
+    assert [n for (verdict, _), n in rows.items() if verdict == "included"] == [18]
+    assert (tmp_path / "wd" / "results" / "dataset" / "skipped.csv").exists()
+    assert sorted(os.listdir(root)) == before  # nothing written into the user's folder
