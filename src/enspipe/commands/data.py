@@ -75,6 +75,8 @@ def _make_dataset_args(p: argparse.ArgumentParser) -> None:
 
 
 def _make_dataset(a: argparse.Namespace, fail: Fail) -> int:
+    if a.num_images < 1:
+        fail("--num-images: must be >= 1; pass the number of images to generate")
     import_tensorflow(trains=False)
     from enspipe.data.synthetic import make_dataset
 

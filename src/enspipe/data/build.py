@@ -9,6 +9,7 @@ Each writes ``skipped.csv`` beside its ``manifest.json`` (every file left out, w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 from enspipe.common.atomic import write_json_atomic
@@ -35,10 +36,23 @@ def scan(root: str, parse=None) -> Manifest:
     """The manifest of the dataset at ``root``, by reading it: image class folders (each file's
     header checked: :func:`scan_folder`) or TFRecord shards (:func:`enspipe.data.shards.scan_records`)."""
     if os.path.isdir(root) and image_folders(root):
-        return scan_folder(FolderSource(root))
+        return dataclasses.replace(_scanned(os.path.abspath(root), _folder_stamp(root)), root=root)
     from enspipe.data.shards import scan_records
 
     return scan_records(root, parse)
+
+
+def _folder_stamp(root: str) -> tuple:
+    """What changes when a file is added to or removed from the folder or its class folders."""
+    return tuple((d, os.stat(os.path.join(root, d)).st_mtime_ns) for d in ["", *sorted(os.listdir(root))]
+                 if os.path.isdir(os.path.join(root, d)))
+
+
+@functools.lru_cache(maxsize=4)
+def _scanned(root: str, stamp: tuple) -> Manifest:
+    """A folder's manifest, once per process while its listing is unchanged (a run's checks and
+    its rank each load the dataset: a large folder is read once, not four times)."""
+    return scan_folder(FolderSource(root))
 
 
 def scan_folder(source: FolderSource, level: str = "header", workers: int = 1) -> Manifest:
