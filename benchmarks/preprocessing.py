@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from cells import dataset, schedule, spread
 
-from enspipe.data.records import load_manifest
+from enspipe.data.build import load_manifest
 from enspipe.data.shards import read_slices
 from enspipe.data.preprocessing import make_preprocess_fn
 

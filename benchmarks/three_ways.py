@@ -43,7 +43,7 @@ def _own_pipeline(data: str, batch: int, size: int, seed: int, rank: int, thread
     import tensorflow as tf
 
     from enspipe.data.preprocessing import decode, inception_train
-    from enspipe.data.records import load_manifest
+    from enspipe.data.build import load_manifest
     from enspipe.data.shards import SLIM_FEATURES
 
     m = load_manifest(data)

@@ -100,7 +100,7 @@ def test_convert_accounts_for_every_file_and_delivers_each_once(quirky, tmp_path
     m = manifest(tmp_path / "s")
     _check_accounting(tmp_path / "s", m, expected)
     assert m["classes"] == ["cat", "dog", "éléphant"] and m["numbering"] == "folders" and m["num_classes"] == 3
-    from enspipe.data.records import load_manifest
+    from enspipe.data.build import load_manifest
     from enspipe.data.shards import digest_of, read_slices
 
     loaded = load_manifest(str(tmp_path / "s"))
@@ -188,7 +188,7 @@ def mini_imagenet(tmp_path_factory):
 
 @pytest.mark.parametrize("numbering", ["folders", pytest.param("slim", marks=pytest.mark.slow)])
 def test_a_miniature_imagenet_converts_with_one_numbering(mini_imagenet, tmp_path, numbering):
-    from enspipe.data.records import load_manifest
+    from enspipe.data.build import load_manifest
     from enspipe.data.shards import read_slices
 
     root, synsets, truth = mini_imagenet

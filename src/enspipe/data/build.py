@@ -1,6 +1,6 @@
 """A user's dataset made into one the stream reads, with every file accounted for: a folder's
-manifest (``enspipe index``, or a folder given directly to a run), a folder converted into TF-Slim
-shards (``enspipe convert``), and the workflow's data stage (``enspipe stage``).
+manifest (``enspipe index``, or a folder given directly to a run; :func:`load_manifest` reads or
+makes any dataset's), a folder converted into TF-Slim shards (``enspipe convert``), and the workflow's data stage (``enspipe stage``).
 
 Each writes ``skipped.csv`` beside its ``manifest.json`` (every file left out, with its reason:
 :mod:`enspipe.data.images`) and records the counts in the manifest's ``accounting``; under
@@ -15,8 +15,7 @@ import os
 from enspipe.common.atomic import write_json_atomic
 from enspipe.data.convert import accounting_of, plan_shards, write_shards_of
 from enspipe.data.folders import SKIPPED_CSV, Accounting, Listing, accounted, empty_problem, list_folder
-from enspipe.data.keys import add_digests, digest_of, sample_ids
-from enspipe.data.manifest import MANIFEST, DataError, Manifest, image_folders, manifest_dict
+from enspipe.data.manifest import MANIFEST, DataError, Manifest, image_folders, manifest_dict, read_manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +29,15 @@ class FolderSource:
 
     def listing(self) -> Listing:
         return list_folder(self.root, self.labels, self.synsets, self.numbering)
+
+
+def load_manifest(root: str) -> Manifest:
+    """Read ``root/manifest.json``, or scan the directory when there is none (which reads every
+    record, or each image folder file's header, and hashes the keys with TensorFlow:
+    :func:`enspipe.data.build.scan`)."""
+    if not os.path.exists(os.path.join(root, MANIFEST)):
+        return scan(root)
+    return read_manifest(root)
 
 
 def scan(root: str, parse=None) -> Manifest:
@@ -63,6 +71,8 @@ def scan_folder(source: FolderSource, level: str = "header", workers: int = 1) -
 
 
 def _folder_manifest(source: FolderSource, level: str, workers: int) -> tuple[Manifest, Accounting]:
+    from enspipe.data.keys import digest_of, sample_ids
+
     listing = source.listing()
     files, labels, acc = accounted(listing, level, workers)
     m = Manifest(source.root, "jpeg_folders", len(files), listing.num_classes, digest_of(sample_ids(files)),
@@ -102,6 +112,8 @@ def convert_folder(source: FolderSource, out: str, split: str = "train", num_sha
     os.makedirs(out, exist_ok=True)
     plan = plan_shards(listing, split, num_shards, images_per_shard)
     notes, reused = write_shards_of(listing, out, plan, workers, "decode", progress)
+    from enspipe.data.keys import add_digests, digest_of, sample_ids
+
     acc = accounting_of(listing, notes)
     counts = [notes[n]["records"] for n in plan.names]
     left = {rel for rel, _ in acc.rows}

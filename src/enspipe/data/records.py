@@ -14,7 +14,7 @@ import os
 import struct
 from collections.abc import Iterator
 
-from enspipe.data.manifest import MANIFEST, DataError, Manifest, masked_crc32c, read_manifest
+from enspipe.data.manifest import DataError, Manifest, masked_crc32c
 
 CORRUPT_LABEL = -2  # the label of a placeholder for a record that could not be read (skip mode)
 CYCLE = 4  # shards the stream interleaves at a time (block length 1): the canonical order's cycle
@@ -123,17 +123,6 @@ def indexed(m: Manifest) -> bool:
     """Whether the stream draws its order over ``(shard, record)`` numbers and members read only
     their own records (TFRecords whose manifest counts every shard's records)."""
     return m.kind == "tfrecord" and bool(m.counts) and all(c is not None for c in m.counts)
-
-
-def load_manifest(root: str) -> Manifest:
-    """Read ``root/manifest.json``, or scan the directory when there is none (which reads every
-    record, or each image folder file's header, and hashes the keys with TensorFlow:
-    :func:`enspipe.data.build.scan`)."""
-    if not os.path.exists(os.path.join(root, MANIFEST)):
-        from enspipe.data.build import scan
-
-        return scan(root)
-    return read_manifest(root)
 
 
 def header_length(head: bytes) -> int | None:

@@ -42,7 +42,7 @@ def synthetic_image(seed: int, index: int, num_classes: int) -> tuple[np.ndarray
 
 def ensure_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 100) -> Manifest:
     """The dataset in ``out`` if its manifest is there (a complete earlier run), else a new one."""
-    from enspipe.data.records import load_manifest
+    from enspipe.data.build import load_manifest
 
     if os.path.exists(os.path.join(out, MANIFEST)):
         return load_manifest(out)

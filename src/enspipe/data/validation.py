@@ -14,7 +14,7 @@ def load_validation(root: str, preprocessing, size: int) -> tuple[np.ndarray, np
     import tensorflow as tf
 
     from enspipe.data.preprocessing import EVAL_PREPROCESSING, UserPreprocess, decode
-    from enspipe.data.records import load_manifest
+    from enspipe.data.build import load_manifest
     from enspipe.data.shards import read_slices, without_autotune
 
     m = load_manifest(root)

@@ -527,7 +527,7 @@ class RunConfig:
 
     def _probe_networks(self) -> None:
         """Each user's network that a member trains, built once before MPI starts (registered ones are known)."""
-        from enspipe.data.records import load_manifest
+        from enspipe.data.build import load_manifest
         from enspipe.models.networks import NetworkError, network_spec
 
         num_classes = load_manifest(self.data).num_classes
@@ -685,7 +685,7 @@ def _check_dataset(name: str, path: str) -> None:
     """A dataset's manifest and shards, and its records' format (its parse function)."""
     from enspipe.data.manifest import check
     from enspipe.data.parse import format_problem
-    from enspipe.data.records import load_manifest
+    from enspipe.data.build import load_manifest
 
     problem = check(path)
     _require(problem is None, name, str(problem), f"point --{name.replace('_', '-')} at a dataset "

@@ -114,7 +114,7 @@ class StreamConfig:
         raises :class:`ConfigError` naming the culprit. Collective-free: every rank reaches the
         same verdict."""
         from enspipe.data.manifest import DataError
-        from enspipe.data.records import load_manifest
+        from enspipe.data.build import load_manifest
         from enspipe.data.shards import verify_digest
 
         if not os.path.isdir(self.data):

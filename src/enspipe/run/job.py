@@ -121,7 +121,7 @@ def _clear_earlier_results(cfg: RunConfig, comm) -> None:
 
 def _manifest(cfg: RunConfig):
     from enspipe.data.manifest import DataError
-    from enspipe.data.records import load_manifest
+    from enspipe.data.build import load_manifest
     from enspipe.data.shards import verify_digest
 
     manifest = load_manifest(cfg.data)
