@@ -96,7 +96,7 @@ def test_convert_accounts_for_every_file_and_delivers_each_once(quirky, tmp_path
     r = enspipe("convert", "--jpeg-dir", root, "--out", tmp_path / "s", "--images-per-shard", "5", "--workers", "2")
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
-    assert "18 files included, 8 skipped" in last and str(tmp_path / "s" / "skipped.csv") in last and "--strict" in last
+    assert "18 images included, 8 files skipped" in last and str(tmp_path / "s" / "skipped.csv") in last and "--strict" in last
     m = manifest(tmp_path / "s")
     _check_accounting(tmp_path / "s", m, expected)
     assert m["classes"] == ["cat", "dog", "éléphant"] and m["numbering"] == "folders" and m["num_classes"] == 3
@@ -132,7 +132,8 @@ def test_a_folder_given_to_a_two_member_cell_is_accounted_and_delivered_exactly_
                 "--consumer", "peak", "--batch-size", "4", "--steps", "6", "--warmup", "0", "--image-size", "32",
                 "--on-corrupt", "skip", "--cpu-monitor", "none", n=2)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "19 images included, 7 files skipped and 3 ignored" in r.stdout + r.stderr
+    said = r.stdout + r.stderr
+    assert "19 images included, 7 files skipped (" in said and " and 3 ignored (1 hidden, 2 non image)" in said
     s = summary(tmp_path / "o")
     assert s["dataset"]["accounting"]["included"] == 19
     assert {k for rank in s["ranks"] for k in rank["skipped_by_epoch"].get("0", [])} == {"dog/truncated.jpg"}
@@ -150,7 +151,8 @@ def test_the_library_says_what_it_left_out_and_delivers_each_once(quirky, tmp_pa
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "epoch 0: 18 1 3" in r.stdout  # the truncated JPEG found at training, skipped and counted
-    assert "19 images included, 7 files skipped and 3 ignored" in r.stderr and "skipped.csv" in r.stderr
+    assert "19 images included, 7 files skipped (" in r.stderr and "and 3 ignored" in r.stderr
+    assert "`enspipe index --data" in r.stderr and "skipped.csv" in r.stderr
 
 
 # -- ImageNet as it is distributed -------------------------------------------------------------------

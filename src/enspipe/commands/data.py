@@ -53,14 +53,13 @@ def _source(a: argparse.Namespace, root: str, fail: Fail):
 
 def _accounted(m, out: str) -> str:
     """The last line's accounting (from the manifest), with where the list is."""
+    from enspipe.data.manifest import counts_text
+
     acc = m.accounting or {}
-    skipped, ignored = sum(acc.get("skipped", {}).values()), sum(acc.get("ignored", {}).values())
-    said = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in acc.get("skipped", {}).items())
-    text = f"{acc.get('included', m.num_images)} files included, {skipped} skipped" + (f" ({said})" if said else "")
-    text += f", {ignored} ignored" if ignored else ""
-    if skipped or ignored:
+    text = counts_text(acc)
+    if acc.get("skipped") or acc.get("ignored"):
         text += f"; the list: {os.path.join(out, acc.get('list') or 'skipped.csv')}"
-    if skipped:
+    if acc.get("skipped"):
         text += " (skipped images are left out by default; --strict makes them an error)"
     return text
 
@@ -101,7 +100,8 @@ def _folder_args(p: argparse.ArgumentParser) -> None:
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jpeg-dir", "--images", dest="jpeg_dir", required=True,
-                   help="a folder of class folders (or a flat folder with --labels) of JPEG, PNG, GIF, BMP or WebP images")
+                   help="a folder of class folders (or a flat folder with --labels) of JPEG, PNG, GIF, BMP or WebP "
+                        "images")
     p.add_argument("--out", required=True, help="output directory (a rerun of the same command resumes there)")
     p.add_argument("--split", default="train", help="the shards' name prefix (Slim's: train, validation)")
     p.add_argument("--shards", type=positive_int, default=None, help="number of shards (default: one per "

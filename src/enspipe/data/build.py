@@ -1,6 +1,7 @@
 """A user's dataset made into one the stream reads, with every file accounted for: a folder's
 manifest (``enspipe index``, or a folder given directly to a run; :func:`load_manifest` reads or
-makes any dataset's), a folder converted into TF-Slim shards (``enspipe convert``), and the workflow's data stage (``enspipe stage``).
+makes any dataset's), a folder converted into TF-Slim shards (``enspipe convert``), and the
+workflow's data stage (``enspipe stage``).
 
 Each writes ``skipped.csv`` beside its ``manifest.json`` (every file left out, with its reason:
 :mod:`enspipe.data.images`) and records the counts in the manifest's ``accounting``; under
@@ -108,7 +109,8 @@ def convert_folder(source: FolderSource, out: str, split: str = "train", num_sha
     rerun reused."""
     listing = source.listing()
     if os.path.abspath(out) == os.path.abspath(source.root):
-        raise DataError(f"{out}: the output folder is the source folder; pass a new folder (the source is never changed)")
+        raise DataError(f"{out}: the output folder is the source folder; pass a new folder (the source is never "
+                        "changed)")
     os.makedirs(out, exist_ok=True)
     plan = plan_shards(listing, split, num_shards, images_per_shard)
     notes, reused = write_shards_of(listing, out, plan, workers, "decode", progress)
@@ -123,7 +125,8 @@ def convert_folder(source: FolderSource, out: str, split: str = "train", num_sha
         digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(n)])))
     image_bytes = sum(notes[n]["image_bytes"] for n in plan.names)
     m = Manifest(out, "tfrecord", sum(counts), listing.num_classes, digest, plan.names, synthetic=False,
-                 info={"source": os.path.abspath(source.root), "mean_jpeg_bytes": round(image_bytes / max(1, sum(counts))),
+                 info={"source": os.path.abspath(source.root),
+                       "mean_jpeg_bytes": round(image_bytes / max(1, sum(counts))),
                        "checked": "decode"},
                  counts=tuple(counts), sizes=tuple(notes[n]["bytes"] for n in plan.names), classes=listing.classes,
                  numbering=listing.numbering)

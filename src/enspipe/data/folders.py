@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from enspipe.data.images import IGNORED, NON_IMAGE_SUFFIXES, SKIPPED, Verdict, hidden, judge_file
-from enspipe.data.manifest import DataError
+from enspipe.data.manifest import DataError, counts_text
 
 NUMBERINGS = {"folders": "0..K-1 in class order; num_classes K",
               "slim": "1..K in class order, 0 for TF-Slim's background class; num_classes K+1"}
@@ -75,19 +75,10 @@ class Accounting:
     def skipped_names(self) -> list[str]:
         return [f"{rel} ({v.reason}{': ' + v.detail if v.detail else ''})" for rel, v in self.rows if not v.ignored]
 
-    def line(self, listed: str | None) -> str:
-        """One line: how many were included, skipped and ignored (by reason), and where the list is."""
-        def said(counts):
-            return ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items())
-
-        skipped, ignored = self.counts(False), self.counts(True)
-        text = f"{self.included} images included"
-        text += f"; {sum(skipped.values())} files skipped ({said(skipped)})" if skipped else "; none skipped"
-        if ignored:
-            text += f"; {sum(ignored.values())} ignored ({said(ignored)})"
-        if skipped or ignored:
-            text += f"; the list: {listed}" if listed else "; first skipped: " + ", ".join(self.skipped_names()[:SHOWN])
-        return text
+    def line(self) -> str:
+        """One line: how many were included, skipped and ignored (by reason), and the first skipped."""
+        first = self.skipped_names()[:SHOWN]
+        return counts_text(self.as_dict(None)) + (f"; first skipped: {', '.join(first)}" if first else "")
 
     def strict_problem(self, listed: str | None) -> str | None:
         """Under ``--strict``: the skipped files as one message (None where none was skipped)."""
@@ -172,7 +163,8 @@ def list_class_folders(root: str, synsets: str | None = None, numbering: str = "
         found, hid = _walk(root, cls)
         left_out += hid
         if not found:
-            raise DataError(f"{os.path.join(root, cls)}: a class folder with no files; remove it, or put its images in it")
+            raise DataError(f"{os.path.join(root, cls)}: a class folder with no files; remove it, or put its images "
+                            "in it")
         files += found
         labels += [classes.index(cls) + first] * len(found)
     return Listing(root, tuple(files), tuple(labels), tuple(classes), numbering, tuple(left_out))
@@ -290,13 +282,13 @@ def accounted(listing: Listing, level: str = "header", workers: int = 1):
 def empty_problem(listing: Listing, labels: list[int], acc: Accounting) -> None:
     """Raise :class:`DataError` where no image, or no image of a class folder, was included."""
     if not labels:
-        raise DataError(f"{listing.root}: no image could be included; {acc.line(None)}")
+        raise DataError(f"{listing.root}: no image could be included; {acc.line()}")
     if len(set(listing.labels)) > len(set(labels)):  # a class all of whose files were left out
         first = 1 if listing.numbering == "slim" else 0
         lost = sorted(set(listing.labels) - set(labels))
         names = [listing.classes[i - first] for i in lost]
         raise DataError(f"{listing.root}: class {names[0]} has no image that could be included"
-                        f"{f' (and {len(names) - 1} more classes)' if len(names) > 1 else ''}; {acc.line(None)}")
+                        f"{f' (and {len(names) - 1} more classes)' if len(names) > 1 else ''}; {acc.line()}")
 
 
 __all__ = ["IGNORED", "SKIPPED", "SKIPPED_CSV", "NUMBERINGS", "Accounting", "Listing", "list_folder", "accounted"]

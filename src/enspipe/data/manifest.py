@@ -69,18 +69,27 @@ def manifest_dict(m: Manifest) -> dict:
     return d
 
 
+def counts_text(accounting: dict) -> str:
+    """A folder's accounting in words: ``18 images included, 8 files skipped (2 undecodable, ...)
+    and 3 ignored (1 hidden, ...)``."""
+    def said(counts: dict) -> str:
+        words = [f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items()]
+        return f" ({', '.join(words)})" if words else ""
+
+    skipped, ignored = accounting.get("skipped") or {}, accounting.get("ignored") or {}
+    return (f"{accounting.get('included', 0)} images included, {sum(skipped.values())} files skipped{said(skipped)} "
+            f"and {sum(ignored.values())} ignored{said(ignored)}")
+
+
 def accounting_note(m: Manifest) -> str | None:
     """One line on the files of the dataset's source folder that were left out (None where none
     was): the counts by reason, and where they are listed or how to list them."""
     acc = m.accounting or {}
-    skipped, ignored = acc.get("skipped") or {}, acc.get("ignored") or {}
-    if not skipped and not ignored:
+    if not acc.get("skipped") and not acc.get("ignored"):
         return None
-    said = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in {**skipped, **ignored}.items())
     where = (f"listed in {os.path.join(m.root, acc['list'])}" if acc.get("list")
              else f"`enspipe index --data {m.root}` lists them in skipped.csv")
-    return (f"{m.root}: {acc.get('included', m.num_images)} images included, {sum(skipped.values())} files skipped "
-            f"and {sum(ignored.values())} ignored ({said}); {where}")
+    return f"{m.root}: {counts_text(acc)}; {where}"
 
 
 def accounting_rows(m: Manifest) -> list[dict]:

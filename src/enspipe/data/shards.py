@@ -28,7 +28,8 @@ import tensorflow as tf
 from enspipe.common.atomic import write_json_atomic
 from enspipe.data.keys import _ID_BUCKETS, add_digests, digest_of, sample_ids  # noqa: F401 - the stream's keys
 from enspipe.data.manifest import MANIFEST, DataError, Manifest, candidate_shards, manifest_dict
-from enspipe.data.records import CYCLE, checked_payload, header_length, indexed, placeholder, record_format, slim_example
+from enspipe.data.records import (CYCLE, checked_payload, header_length, indexed, placeholder, record_format,
+                                  slim_example)
 
 SLIM_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),

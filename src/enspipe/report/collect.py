@@ -35,7 +35,8 @@ ROW_COLUMNS = (  # one cell's own summary (cell_row)
     "images_per_member", "images_per_second_per_member", "images_per_second_min", "images_per_second_max",
     "runtime_mean", "runtime_std", "runtime_min", "runtime_max", "step_time_p50", "wait_time_mean",
     "process_cpu_seconds", "process_cpu_seconds_per_image", "node_cpu_seconds", "node_cpu_seconds_per_image",
-    "per_core_busy_mean", "cpu_source", "node_cpu_missing", "collective_cpu_seconds", "collective_seconds_mean", "bytes_sent",
+    "per_core_busy_mean", "cpu_source", "node_cpu_missing", "collective_cpu_seconds", "collective_seconds_mean",
+    "bytes_sent",
     "energy_joules", "energy_above_idle_joules", "mean_watts", "energy_source", "energy_modelled",
     "idle_watts", "idle_source", "energy_modelled_joules",
     "queue_preprocessing_mean", "queue_compute_mean", "epochs_exact", "hosts", "machine", "summary",
@@ -68,7 +69,6 @@ def cell_row(s: dict, path: str = "") -> dict:
     runtimes = [r["seconds"] for r in ranks]
     images = float(np.mean([r["images"] for r in ranks]))  # delivered per member
     node_cpu = s.get("node_cpu_seconds_total")
-    busy = [v for host in (s.get("per_core_busy_percent") or {}).values() for v in host.values()]
     want = s["dataset"]["digest"]
     done = [e for r in ranks for e in r["epochs"]]  # None: no member completed an epoch to check
     exact = all(e["digest"] == want and e["missing"] == 0 for e in done) if done else None
@@ -89,12 +89,7 @@ def cell_row(s: dict, path: str = "") -> dict:
         "runtime_min": min(runtimes), "runtime_max": max(runtimes),
         "step_time_p50": float(np.mean([r["step_time_p50"] for r in ranks])),
         "wait_time_mean": float(np.mean([r["wait_time_mean"] for r in ranks])),
-        "process_cpu_seconds": s["cpu_seconds_total"],
-        "process_cpu_seconds_per_image": s["cpu_seconds_total"] / images / cell.n if images else None,
-        "node_cpu_seconds": node_cpu,
-        "node_cpu_seconds_per_image": node_cpu / images / cell.n if node_cpu is not None and images else None,
-        "per_core_busy_mean": float(np.mean(busy)) if busy else None, "cpu_source": s.get("cpu_source"),
-        "node_cpu_missing": "; ".join((s.get("node_cpu_missing") or {}).values()) or None,
+        **_cpu(s, images, cell.n),
         "collective_cpu_seconds": float(sum(r["collective_cpu_seconds"] for r in ranks)),
         "collective_seconds_mean": float(np.mean([r["collective_seconds"] for r in ranks])),
         "bytes_sent": int(sum(r["bytes_sent"] for r in ranks)),
@@ -107,6 +102,20 @@ def cell_row(s: dict, path: str = "") -> dict:
         "epochs_exact": exact, "hosts": ",".join(sorted({r["host"] for r in ranks})),
         "machine": _machine(s), "summary": path,
         **_window(s), **_placement(s, ranks), **_quiet(node_cpu, s["cpu_seconds_total"]), **_delivery(s),
+    }
+
+
+def _cpu(s: dict, images: float, n: int) -> dict:
+    """A cell's CPU: its processes' own, and its nodes' (none where a host's monitor missed the window)."""
+    node_cpu = s.get("node_cpu_seconds_total")
+    busy = [v for host in (s.get("per_core_busy_percent") or {}).values() for v in host.values()]
+    return {
+        "process_cpu_seconds": s["cpu_seconds_total"],
+        "process_cpu_seconds_per_image": s["cpu_seconds_total"] / images / n if images else None,
+        "node_cpu_seconds": node_cpu,
+        "node_cpu_seconds_per_image": node_cpu / images / n if node_cpu is not None and images else None,
+        "per_core_busy_mean": float(np.mean(busy)) if busy else None, "cpu_source": s.get("cpu_source"),
+        "node_cpu_missing": "; ".join((s.get("node_cpu_missing") or {}).values()) or None,
     }
 
 
