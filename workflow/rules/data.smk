@@ -27,6 +27,8 @@ rule dataset_counts:
         table=report("results/tables/dataset.csv", caption="../report/dataset.rst", category="Dataset"),
     conda:
         ENV
+    log:
+        "results/logs/dataset_counts.log",
     threads: 1
     resources:
         mem_mb=500,
