@@ -344,3 +344,13 @@ def test_the_workflows_data_stage_converts_a_users_folder_and_reports_its_counts
     assert [n for (verdict, _), n in rows.items() if verdict == "included"] == [18]
     assert (tmp_path / "wd" / "results" / "dataset" / "skipped.csv").exists()
     assert sorted(os.listdir(root)) == before  # nothing written into the user's folder
+
+
+def test_a_flat_folder_of_images_without_labels_is_named_with_the_fix(mini_imagenet):
+    from enspipe.data.build import load_manifest
+    from enspipe.data.manifest import DataError, check
+
+    root, _, _ = mini_imagenet
+    assert "holds images but no class folders" in check(str(root / "val")) and "--labels" in check(str(root / "val"))
+    with pytest.raises(DataError, match="holds images but no class folders"):
+        load_manifest(str(root / "val"))

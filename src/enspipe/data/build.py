@@ -16,7 +16,8 @@ import os
 from enspipe.common.atomic import write_json_atomic
 from enspipe.data.convert import accounting_of, plan_shards, write_shards_of
 from enspipe.data.folders import SKIPPED_CSV, Accounting, Listing, accounted, empty_problem, list_folder
-from enspipe.data.manifest import MANIFEST, DataError, Manifest, image_folders, manifest_dict, read_manifest
+from enspipe.data.manifest import (MANIFEST, DataError, Manifest, check, image_folders, manifest_dict,
+                                   read_manifest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,9 @@ def scan(root: str, parse=None) -> Manifest:
     header checked: :func:`scan_folder`) or TFRecord shards (:func:`enspipe.data.shards.scan_records`)."""
     if os.path.isdir(root) and image_folders(root):
         return dataclasses.replace(_scanned(os.path.abspath(root), _folder_stamp(root)), root=root)
+    problem = check(root) if os.path.isdir(root) else None  # a flat folder of images, a file that is no shard
+    if problem:
+        raise DataError(problem)
     from enspipe.data.shards import scan_records
 
     return scan_records(root, parse)

@@ -136,6 +136,10 @@ def check(root: str) -> str | None:
         return _check_against(m)
     if image_folders(root):
         return None
+    if flat_images(root):
+        return (f"{root!r} holds images but no class folders; give their labels with `enspipe index --data {root} "
+                "--labels LABELS` (ImageNet's validation set: LOC_val_solution.csv), or put each class's images in a "
+                "folder of its own")
     files = candidate_shards(root)
     if not files:
         return f"{root!r} holds no TFRecord shards and no JPEG class folders"
@@ -166,23 +170,38 @@ def _check_against(m: Manifest) -> str | None:
 
 
 def image_folders(root: str, looked_at: int = 8) -> bool:
-    """Whether ``root`` holds a folder of images (its first few files' content tells)."""
+    """Whether ``root`` holds a folder of images: a subfolder (or one below it) whose first few
+    files' content is an image's."""
     from enspipe.data.images import HEAD, hidden, sniff
 
     for d in sorted(os.listdir(root)):
-        here = os.path.join(root, d)
-        if hidden(d) or not os.path.isdir(here):
+        if hidden(d) or not os.path.isdir(os.path.join(root, d)):
             continue
-        for name in sorted(os.listdir(here))[:looked_at]:
-            path = os.path.join(here, name)
-            if os.path.isdir(path):
-                return True  # class folders with subfolders of their own
-            try:
+        for here, dirs, files in os.walk(os.path.join(root, d), followlinks=True):
+            dirs[:] = sorted(x for x in dirs if not hidden(x))[:looked_at]
+            for name in sorted(f for f in files if not hidden(f))[:looked_at]:
+                try:
+                    with open(os.path.join(here, name), "rb") as f:
+                        if sniff(f.read(HEAD)):
+                            return True
+                except OSError:
+                    continue
+    return False
+
+
+def flat_images(root: str, looked_at: int = 8) -> bool:
+    """Whether ``root``'s own first few files are images (a flat folder, as ImageNet's validation set)."""
+    from enspipe.data.images import HEAD, hidden, sniff
+
+    for name in sorted(f for f in os.listdir(root) if not hidden(f))[:looked_at]:
+        path = os.path.join(root, name)
+        try:
+            if os.path.isfile(path):
                 with open(path, "rb") as f:
                     if sniff(f.read(HEAD)):
                         return True
-            except OSError:
-                continue
+        except OSError:
+            continue
     return False
 
 
