@@ -354,3 +354,22 @@ def test_a_flat_folder_of_images_without_labels_is_named_with_the_fix(mini_image
     assert "holds images but no class folders" in check(str(root / "val")) and "--labels" in check(str(root / "val"))
     with pytest.raises(DataError, match="holds images but no class folders"):
         load_manifest(str(root / "val"))
+
+
+def test_labels_files_of_every_kind_name_the_same_classes(mini_imagenet, tmp_path):
+    """Kaggle's CSV, TF-Slim's list in file order, and `file class` lines split by commas, spaces or tabs."""
+    from enspipe.data.folders import list_folder
+
+    root, synsets, truth = mini_imagenet
+    files = sorted(truth)
+    kinds = {"kaggle.csv": None, "slim.txt": None,
+             "comma.csv": "".join(f"{f},{truth[f]}\n" for f in files),
+             "tabs.txt": "".join(f"{os.path.splitext(f)[0]}\t{truth[f]}\n" for f in files),
+             "spaces.txt": "".join(f"{f}   {truth[f]}\n" for f in files)}
+    shutil.copy(root / "LOC_val_solution.csv", tmp_path / "kaggle.csv")
+    shutil.copy(root / "slim_val_labels.txt", tmp_path / "slim.txt")
+    for name, text in kinds.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        listing = list_folder(str(root / "val"), str(tmp_path / name), str(root / "LOC_synset_mapping.txt"))
+        assert {f: synsets[label] for f, label in zip(listing.files, listing.labels)} == truth, name

@@ -207,7 +207,10 @@ def _run_jobs(todo: list, notes: dict, workers: int, already: int, progress) -> 
                 flight.append((job[1], pool.apply_async(write_shard, (job,))))
             time.sleep(0.1)
             for name, result in [x for x in flight if x[1].ready()]:
-                notes[name] = result.get()
+                try:
+                    notes[name] = result.get()
+                except OSError as e:  # the output's disk full or unwritable: no traceback, the shard named
+                    raise DataError(f"{name}: could not be written ({e}); complete shards stay for a rerun") from None
                 flight.remove((name, result))
             if progress is not None:
                 progress.update(already + done.value, nbytes.value)

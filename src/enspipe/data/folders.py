@@ -182,7 +182,8 @@ def _read_labels(path: str) -> list[list[str]]:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot read the labels file ({e})") from None
-    rows = [r for r in csv.reader(text.splitlines(), delimiter="," if "," in text.split("\n", 1)[0] else " ")]
+    lines = text.splitlines()
+    rows = csv.reader(lines) if lines and "," in lines[0] else (line.split() for line in lines)  # or any whitespace
     return [[c.strip() for c in r if c.strip()] for r in rows if any(c.strip() for c in r)]
 
 
