@@ -120,9 +120,8 @@ def _convert(a: argparse.Namespace, fail: Fail) -> int:
     from enspipe.common.progress import Progress
     from enspipe.data.build import convert_folder
 
-    progress = Progress("enspipe convert", len(listing.files))
     m, _, reused = _data_step(fail, convert_folder, source, a.out, a.split, a.shards, a.images_per_shard,
-                              a.workers or _workers(), a.strict, progress)
+                              a.workers or _workers(), a.strict, Progress("enspipe convert"), listing)
     again = f" ({reused} complete shards reused)" if reused else ""
     say(f"converted {m.num_images} images into {len(m.files)} shards in {a.out}{again}; {_accounted(m, a.out)}")
     return 0
@@ -144,17 +143,11 @@ def _stage(a: argparse.Namespace, fail: Fail) -> int:
     from enspipe.data.build import stage_dataset
     from enspipe.data.manifest import image_folders
 
-    progress = Progress("enspipe stage", _data_step(fail, _count_files, a.data)) if image_folders(a.data) else None
+    progress = Progress("enspipe stage") if image_folders(a.data) else None  # its total: the folder's files
     m = _data_step(fail, stage_dataset, a.data, a.out, a.workers or _workers(), a.strict, progress)
     said = f"; {_accounted(m, a.out)}" if m.accounting is not None else ""
     say(f"staged {m.num_images} images ({m.kind}) from {a.data} in {a.out} (digest {m.digest}){said}")
     return 0
-
-
-def _count_files(root: str) -> int:
-    from enspipe.data.folders import list_folder
-
-    return len(list_folder(root).files)
 
 
 def _index_args(p: argparse.ArgumentParser) -> None:

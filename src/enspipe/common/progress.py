@@ -13,9 +13,10 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """``update(done, nbytes)`` as work goes on, ``close()`` at the end; ``total`` files in all."""
+    """``update(done, nbytes)`` as work goes on, ``close()`` at the end; ``total`` files in all
+    (the step that lists them may set it)."""
 
-    def __init__(self, what: str, total: int, stream=None, every: float | None = None):
+    def __init__(self, what: str, total: int = 1, stream=None, every: float | None = None):
         self.what, self.total = what, max(1, total)
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())

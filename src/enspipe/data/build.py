@@ -107,11 +107,11 @@ def index_folder(source: FolderSource, workers: int = 1, strict: bool = False) -
 
 def convert_folder(source: FolderSource, out: str, split: str = "train", num_shards: int | None = None,
                    images_per_shard: int | None = None, workers: int = 1, strict: bool = False,
-                   progress=None) -> tuple[Manifest, Accounting, int]:
+                   progress=None, listing: Listing | None = None) -> tuple[Manifest, Accounting, int]:
     """``enspipe convert``: the folder as Slim TFRecord shards under ``out``
     (:mod:`enspipe.data.convert`); returns the manifest, the accounting and how many shards a
-    rerun reused."""
-    listing = source.listing()
+    rerun reused. ``listing``: the source's, where the caller listed it already."""
+    listing = listing if listing is not None else source.listing()
     if os.path.abspath(out) == os.path.abspath(source.root):
         raise DataError(f"{out}: the output folder is the source folder; pass a new folder (the source is never "
                         "changed)")

@@ -171,6 +171,8 @@ def write_shards_of(listing: Listing, out: str, plan: ShardPlan, workers: int = 
     """Every shard of ``plan`` written (or reused) under ``out``; returns each shard's note by name
     and how many were reused. ``progress``: a :class:`enspipe.common.progress.Progress`, or None."""
     os.makedirs(os.path.join(out, STATE), exist_ok=True)
+    if progress is not None:
+        progress.total = max(1, len(listing.files))
     _clear_stale(out, plan)
     notes, todo = {}, []
     for name, note, job in _jobs(listing, plan, out, level):

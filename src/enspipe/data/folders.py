@@ -25,7 +25,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from enspipe.data.images import IGNORED, NON_IMAGE_SUFFIXES, SKIPPED, Verdict, hidden, judge_file
+from enspipe.data.images import NON_IMAGE_SUFFIXES, Verdict, hidden, judge_file
 from enspipe.data.manifest import DataError, counts_text
 
 NUMBERINGS = {"folders": "0..K-1 in class order; num_classes K",
@@ -292,4 +292,4 @@ def empty_problem(listing: Listing, labels: list[int], acc: Accounting) -> None:
                         f"{f' (and {len(names) - 1} more classes)' if len(names) > 1 else ''}; {acc.line()}")
 
 
-__all__ = ["IGNORED", "SKIPPED", "SKIPPED_CSV", "NUMBERINGS", "Accounting", "Listing", "list_folder", "accounted"]
+__all__ = ["SKIPPED_CSV", "NUMBERINGS", "Accounting", "Listing", "list_folder", "accounted"]

@@ -169,40 +169,39 @@ def _check_against(m: Manifest) -> str | None:
     return None
 
 
+def _begins_as_image(path: str) -> bool:
+    """Whether the file at ``path`` begins with an image format's signature (False: unreadable too)."""
+    from enspipe.data.images import HEAD, sniff
+
+    try:
+        with open(path, "rb") as f:
+            return sniff(f.read(HEAD)) is not None
+    except OSError:
+        return False
+
+
 def image_folders(root: str, looked_at: int = 8) -> bool:
     """Whether ``root`` holds a folder of images: a subfolder (or one below it) whose first few
     files' content is an image's."""
-    from enspipe.data.images import HEAD, hidden, sniff
+    from enspipe.data.images import hidden
 
     for d in sorted(os.listdir(root)):
         if hidden(d) or not os.path.isdir(os.path.join(root, d)):
             continue
         for here, dirs, files in os.walk(os.path.join(root, d), followlinks=True):
             dirs[:] = sorted(x for x in dirs if not hidden(x))[:looked_at]
-            for name in sorted(f for f in files if not hidden(f))[:looked_at]:
-                try:
-                    with open(os.path.join(here, name), "rb") as f:
-                        if sniff(f.read(HEAD)):
-                            return True
-                except OSError:
-                    continue
+            first = sorted(f for f in files if not hidden(f))[:looked_at]
+            if any(_begins_as_image(os.path.join(here, f)) for f in first):
+                return True
     return False
 
 
 def flat_images(root: str, looked_at: int = 8) -> bool:
     """Whether ``root``'s own first few files are images (a flat folder, as ImageNet's validation set)."""
-    from enspipe.data.images import HEAD, hidden, sniff
+    from enspipe.data.images import hidden
 
-    for name in sorted(f for f in os.listdir(root) if not hidden(f))[:looked_at]:
-        path = os.path.join(root, name)
-        try:
-            if os.path.isfile(path):
-                with open(path, "rb") as f:
-                    if sniff(f.read(HEAD)):
-                        return True
-        except OSError:
-            continue
-    return False
+    names = sorted(f for f in os.listdir(root) if not hidden(f))[:looked_at]
+    return any(os.path.isfile(os.path.join(root, f)) and _begins_as_image(os.path.join(root, f)) for f in names)
 
 
 def candidate_shards(root: str) -> list[str]:
