@@ -6,6 +6,7 @@
 * ``checksums``: write the checksums of the first STEPS batches (as `enspipe run --batch-checksums` logs them);
 * ``raise``: raise inside ``with SharedStream(...)`` at the third batch (the job must abort, fast).
 """
+import faulthandler
 import json
 import os
 import sys
@@ -16,6 +17,8 @@ import enspipe
 from enspipe.data.shards import batch_checksum
 from enspipe.exchange.base import Batch
 
+# a member that hangs prints every thread's stack and exits before the test's own timeout ends it silently
+faulthandler.dump_traceback_later(float(os.environ.get("ENSPIPE_TEST_HANG_S", "200")), exit=True)
 mode, out, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 steps = options.pop("steps", 20)
 if options.get("preprocess") == "gray40":

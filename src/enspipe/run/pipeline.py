@@ -144,6 +144,7 @@ class Pipeline:
         self._skipped: list[tuple[int, int, str]] = []  # (global batch, epoch, key) of each skipped record
         self.samples: list[tuple[float, int, int, int]] = []
         self._threads: list[threading.Thread] = []
+        self._prep_iterator = None  # the preprocess stage's tf.data iterator, kept until close()
         self.preprocessed = 0  # images this member's preprocess stage has produced
         self.clock = StageClock()  # the stages' working (not waiting) wall time; see enspipe.measure.stages
         # the exchange stage's steps: begun, completed, and the limit it may not pass (None: none)
@@ -171,7 +172,8 @@ class Pipeline:
             except queue.Empty:
                 continue
 
-    def _stage(self, name: str, fn) -> threading.Thread:
+    def _stage(self, name: str, fn, cleanup=None) -> threading.Thread:
+        """The stage's thread; ``cleanup`` runs in it once the pipeline has stopped."""
         def body():
             set_thread_name(f"enspipe-{name}")  # TensorFlow's pool threads started here inherit it
             try:
@@ -183,6 +185,9 @@ class Pipeline:
                 if self.failure is None:
                     self.failure = (name, e, traceback.format_exc())
                 self.stop.set()
+            finally:
+                if cleanup is not None:
+                    cleanup()
 
         t = threading.Thread(target=body, name=f"enspipe-{name}", daemon=True)
         self._threads.append(t)
@@ -242,6 +247,23 @@ class Pipeline:
             ends = [len(meta)] if self.unit == 1 else [slice_len * (i + 1) for i in range(self.unit)]
             for lo, hi in zip([0, *ends[:-1]], ends):
                 self._put("exchange", Batch(images[lo:hi], meta[lo:hi]))
+
+    def _end_preprocessing(self) -> None:
+        """Once stopped, run the preprocessing iterator to its end in the stage's own thread and
+        drop it. Its input is a Python generator: an iterator dropped while a call into it is in
+        flight waits for that call, which needs the GIL the dropping thread holds; dropped by
+        the interpreter at exit, a member's process hung there for good (seen in CI)."""
+        it, self._prep_iterator = self._prep_iterator, None
+        for _ in range(4 * self.depth + 16):  # the generator ends at once now; what tf.data holds drains
+            if it is None:
+                return
+            try:
+                next(it)
+            except StopIteration:
+                break
+            except tf.errors.OpError:
+                continue
+        del it
 
     def _prep_dataset(self, gen, one, slice_len: int):
         """The preprocessing stage's tf.data pipeline over ``gen``'s slices: images mapped by ``one``
@@ -314,7 +336,7 @@ class Pipeline:
     def start(self) -> None:
         if self.is_preprocessor:
             self._stage("read", self._read).start()
-            self._stage("preprocess", self._preprocess).start()
+            self._stage("preprocess", self._preprocess, cleanup=self._end_preprocessing).start()
         self._stage("exchange", self._exchange).start()
         threading.Thread(target=self._sample, name="enspipe-sampler", daemon=True).start()
 
