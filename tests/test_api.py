@@ -196,16 +196,17 @@ def test_the_example_trains_three_models_each_sample_once_per_epoch(example_data
 @pytest.mark.slow
 def test_the_examples_members_train_alike_in_one_process(example_data, tmp_path):
     """The same three members in one process (--members-per-rank 3) train to the losses they reach
-    in three processes: the same batches, in the same order, each model on every one. Kernels on one
-    thread each sum in one order, so the losses agree to the last bit (on a thread pool they differ
-    in the third digit where processes share two cores)."""
+    in three processes: the same batches, in the same order, each model on every one. Kernels run on
+    one thread each (on a pool, three processes on two cores differed in the third digit); the
+    losses are then equal in most runs, and within 6e-5 in the rest seen."""
     one_thread = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
     alone = _example(example_data, tmp_path / "three", 3, env=one_thread)
     together = _example(example_data, tmp_path / "one", 1, "--members-per-rank", "3", env=one_thread)
     for a, one in zip(alone, together):
         assert one["epochs_trained"] == a["epochs_trained"]
-        assert one["history"]["val_loss"] == a["history"]["val_loss"]
-        assert [e["digest"] for e in one["stream_epochs"]] == [e["digest"] for e in a["stream_epochs"]]
+        assert one["history"]["val_loss"] == pytest.approx(a["history"]["val_loss"], rel=2e-4)
+        trained = a["epochs_trained"]
+        assert [e["digest"] for e in one["stream_epochs"][:trained]] == [e["digest"] for e in a["stream_epochs"][:trained]]
 
 
 def test_members_per_rank_is_checked(dataset, tmp_path):
