@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 import enspipe
-from enspipe.data.shards import batch_checksum
+from enspipe.data.keys import batch_checksum
 from enspipe.exchange.base import Batch
 
 # a member that hangs prints every thread's stack and exits before the test's own timeout ends it silently

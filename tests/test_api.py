@@ -15,10 +15,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def members(mode: str, n: int, out, timeout: float = 240, **options):
-    """Run tests/stream_member.py under mpiexec -n ``n``; returns (CompletedProcess, per-member json)."""
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(HERE, "stream_member.py"), mode, str(out),
-           json.dumps(options)]
+def members(mode: str, n: int, out, timeout: float = 240, without_tf: bool = False, **options):
+    """Run tests/stream_member.py under mpiexec -n ``n`` (``without_tf``: as where TensorFlow is not
+    installed, tests/without_tf.py); returns (CompletedProcess, per-member json)."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, *([os.path.join(HERE, "without_tf.py")] if without_tf else []),
+           os.path.join(HERE, "stream_member.py"), mode, str(out), json.dumps(options)]
     env = {**os.environ, "ENSPIPE_TEST_HANG_S": str(max(timeout - 30, timeout / 2))}  # stacks, not silence
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     found = [out / f"member{k}.json" for k in range(n)]

@@ -218,6 +218,7 @@ class SharedStream:
         MPI, comm, cfg = _mpi(), self._comm, self.config
         self.malloc = set_malloc(malloc)
         where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
+        _agree_on_backend(comm, cfg.backend)
         nodes = node_groups(comm.allgather(where.mpi_node))
         self.planned = _plan(cfg, comm, where, len(nodes)) if cfg.scheme == AUTO else None
         scheme, p = (self.planned["scheme"], self.planned["p"]) if self.planned else (cfg.scheme, cfg.preprocessors)
@@ -282,6 +283,18 @@ class SharedStream:
                 self.close()
             except Exception as e:  # noqa: BLE001 - at exit: say it, take the job down
                 self._abort(f"member {self.member}: closing the stream at exit failed: {type(e).__name__}: {e}")
+
+
+def _agree_on_backend(comm, backend: str) -> None:
+    """Every member preprocesses with one backend (collective; the same verdict on every rank)."""
+    from enspipe.plan.errors import ConfigError
+
+    backends = comm.allgather(backend)
+    if len(set(backends)) > 1:
+        ranks = {b: [r for r, x in enumerate(backends) if x == b] for b in sorted(set(backends))}
+        raise ConfigError("backend", f"the members resolved different backends ({ranks}): a shuffled stream's "
+                          "order differs between them", "pass the same backend= to every member, or install "
+                          "TensorFlow on every node or on none")
 
 
 def _plan(cfg: StreamConfig, comm, where, nodes: int) -> dict:

@@ -10,6 +10,8 @@ TensorFlow's on keys of every length from 0 to 300 bytes.
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 _ID_BUCKETS = 2**63 - 1
@@ -179,3 +181,11 @@ def digest_of(ids) -> str:
 
 def add_digests(a: str, b: str) -> str:
     return f"{(int(a, 16) + int(b, 16)) & _MASK64:016x}"
+
+
+def batch_checksum(batch) -> str:
+    """BLAKE2b of a delivered batch's pixels and (id, epoch, position, label) rows, in order."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.ascontiguousarray(batch.images))
+    h.update(np.ascontiguousarray(batch.meta))
+    return h.hexdigest()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from enspipe.data.shards import add_digests, digest_of
+from enspipe.data.keys import add_digests, digest_of
 
 
 class EpochLedger:

@@ -8,7 +8,7 @@ it with the directory: every shard present, of the recorded size (an emptied or 
 is caught here), the shards' records adding up to ``num_images``. Without a manifest the directory
 must hold JPEG class folders or files that begin like a TFRecord (a record header whose CRC checks
 out). The digest itself is checked against the shards' keys at load
-(:func:`enspipe.data.shards.verify_digest`, which needs TensorFlow's hash).
+(:func:`verify_digest`).
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import json
 import os
 import struct
 from dataclasses import dataclass
+
+from enspipe.data.keys import add_digests, digest_of, sample_ids
 
 MANIFEST = "manifest.json"
 DIGEST_ALGORITHM = "sum mod 2^64 of FarmHash64(key) mod (2^63-1)"
@@ -235,3 +237,27 @@ def masked_crc32c(data: bytes) -> int:
     """TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8, modulo 2^32."""
     c = crc32c(data)
     return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def verify_digest(m: Manifest) -> str | None:
+    """Whether the manifest's digest is its shards' keys' (``<shard>:<index>`` for every record it
+    counts); a problem, or None. Manifests without per-shard counts cannot be checked (None)."""
+    if m.kind != "tfrecord" or not m.counts or any(c is None for c in m.counts):
+        return None
+    digest = digest_of([])
+    for f, count in zip(m.files, m.counts):
+        name = os.path.basename(f)
+        digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(count)])))
+    if digest != m.digest:
+        return (f"{m.root}/{MANIFEST}: its digest {m.digest} is not its shards' ({digest}); re-create the dataset, "
+                "or re-index it with `enspipe index --data DIR`")
+    return None
+
+
+def expected_keys(m: Manifest) -> list[str] | None:
+    """Every sample key the manifest promises (None where it does not count its shards' records)."""
+    if m.kind == "jpeg_folders":
+        return list(m.files)
+    if not m.counts or any(c is None for c in m.counts):
+        return None
+    return [f"{os.path.basename(f)}:{i}" for f, c in zip(m.files, m.counts) for i in range(c)]

@@ -21,7 +21,8 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-VGG_MEANS = (123.68, 116.78, 103.94)
+from enspipe.data.pixels import VGG_MEANS
+
 _RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area")
 
 
@@ -110,13 +111,6 @@ def vgg_eval(image: tf.Tensor, size: int) -> tf.Tensor:
 PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_train, "vgg": vgg_train}
 EVAL_PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_eval, "vgg": vgg_eval}
 
-# Value range of each preprocessing's output, used to quantise to uint8 for the wire.
-OUTPUT_RANGE: dict[str, tuple[float, float]] = {
-    "inception": (-1.0, 1.0),
-    "vgg": (-max(VGG_MEANS), 255.0 - min(VGG_MEANS)),
-}
-
-
 def decode(encoded: tf.Tensor) -> tf.Tensor:
     """Decode an image (JPEG, as Slim's ``image/format`` is; PNG, GIF or BMP too) to uint8 HxWx3; a
     JPEG is decoded exactly as ``tf.io.decode_jpeg`` does."""
@@ -163,10 +157,3 @@ class UserPreprocess:
             return tf.ensure_shape(out, self.shape, name="preprocess_output_shape")
 
         return fn
-
-
-def output_spec(preprocessing: "str | UserPreprocess", size: int, wire_dtype: str) -> tuple[tuple[int, ...], np.dtype]:
-    """The shape and element type of one preprocessed image as it travels between members."""
-    if isinstance(preprocessing, UserPreprocess):
-        return tuple(preprocessing.shape), np.dtype(preprocessing.dtype)
-    return (size, size, 3), np.dtype(np.uint8 if wire_dtype == "uint8" else np.float32)

@@ -11,7 +11,7 @@ its elements are ``position`` (index in the whole stream), ``epoch``, ``id``, ``
 the sample is. Global batch ``k`` is positions ``[k*B, (k+1)*B)``; a preprocessor keeps only its
 share of each batch before anything is read, parsed or decoded (:func:`read_slices`): where the
 manifest counts every shard's records, the order is drawn over ``(shard, record)`` numbers and a
-member reads only its own records, by their offsets (:class:`RecordReader`), so sharing the
+member reads only its own records, by their offsets (:class:`~enspipe.data.order.RecordReader`), so sharing the
 preprocessing shares the reading too; otherwise every member reads every record and keeps its
 share.
 """
@@ -28,24 +28,14 @@ import tensorflow as tf
 from enspipe.common.atomic import write_json_atomic
 from enspipe.data.keys import _ID_BUCKETS, add_digests, digest_of, sample_ids  # noqa: F401 - the stream's keys
 from enspipe.data.manifest import MANIFEST, DataError, Manifest, candidate_shards, manifest_dict
-from enspipe.data.records import (CYCLE, checked_payload, header_length, indexed, placeholder, record_format,
-                                  slim_example)
+from enspipe.data.order import read_share
+from enspipe.data.records import CYCLE, header_length, indexed, placeholder, record_format, slim_example
 
 SLIM_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/format": tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
 }
-
-
-def batch_checksum(batch) -> str:
-    """BLAKE2b of a delivered batch's pixels and (id, epoch, position, label) rows, in order."""
-    import hashlib
-
-    h = hashlib.blake2b(digest_size=8)
-    h.update(np.ascontiguousarray(batch.images))
-    h.update(np.ascontiguousarray(batch.meta))
-    return h.hexdigest()
 
 
 def _shard_key_prefix(path: str) -> str:
@@ -81,30 +71,6 @@ def scan_records(root: str, parse=None) -> Manifest:
                     tuple(os.path.relpath(s, root) for s in shards), counts=tuple(counts),
                     sizes=tuple(os.path.getsize(s) for s in shards),
                     info=None if parser.slim else {"parse": parser.name})
-
-
-def verify_digest(m: Manifest) -> str | None:
-    """Whether the manifest's digest is its shards' keys' (``<shard>:<index>`` for every record it
-    counts); a problem, or None. Manifests without per-shard counts cannot be checked (None)."""
-    if m.kind != "tfrecord" or not m.counts or any(c is None for c in m.counts):
-        return None
-    digest = digest_of([])
-    for f, count in zip(m.files, m.counts):
-        name = os.path.basename(f)
-        digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(count)])))
-    if digest != m.digest:
-        return (f"{m.root}/{MANIFEST}: its digest {m.digest} is not its shards' ({digest}); re-create the dataset, "
-                "or re-index it with `enspipe index --data DIR`")
-    return None
-
-
-def expected_keys(m: Manifest) -> list[str] | None:
-    """Every sample key the manifest promises (None where it does not count its shards' records)."""
-    if m.kind == "jpeg_folders":
-        return list(m.files)
-    if not m.counts or any(c is None for c in m.counts):
-        return None
-    return [f"{os.path.basename(f)}:{i}" for f, c in zip(m.files, m.counts) for i in range(c)]
 
 
 def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
@@ -144,78 +110,6 @@ def resilient_records(path, count):
             index += 1
     for _ in range(index, count):
         yield stand_in
-
-
-class RecordReader:
-    """Random access to a manifest's TFRecord records by ``(shard, record number)``.
-
-    A shard's record offsets and lengths are found on first use by following its records' length
-    fields (12 bytes each, their CRC checked; no payload is read); a record is then one ``pread``
-    of its payload and its CRC, checked. (TensorFlow's own random-access reader re-reads its
-    buffer on every backward seek: 1.3 ms of CPU per record in a shuffled order, against 15 us
-    here.) A record that cannot be read (a damaged payload, a damaged length field before it, a
-    shard that ends before it) fails the run naming it, or with ``skip_corrupt`` reads as a
-    placeholder (:func:`enspipe.data.records.placeholder`) that the preprocess stage skips and counts.
-    """
-
-    OPEN_SHARDS = 64  # shards kept open at once (the interleave reads 4 at a time)
-
-    def __init__(self, m: Manifest, skip_corrupt: bool):
-        self.paths, self.counts, self.skip_corrupt = m.paths(), list(m.counts), skip_corrupt
-        self._index_of: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._fds: dict[int, int] = {}
-
-    def _index(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each record's offset and payload length (-1 from the first that cannot be found)."""
-        path, count = self.paths[shard], self.counts[shard]
-        offsets, lengths = np.full(count, -1, np.int64), np.full(count, -1, np.int64)
-        size, offset = os.path.getsize(path), 0
-        with open(path, "rb") as f:
-            for i in range(count):
-                f.seek(offset)
-                length = header_length(f.read(12))
-                if length is None:
-                    break  # the shard ends, or a length field is damaged: the rest cannot be found
-                if offset + 16 + length > size:
-                    break
-                offsets[i], lengths[i] = offset, length
-                offset += 16 + length
-        return offsets, lengths
-
-    def _fd(self, shard: int) -> int:
-        if shard not in self._fds:
-            if len(self._fds) >= self.OPEN_SHARDS:  # the oldest goes: ImageNet has 1024 shards
-                os.close(self._fds.pop(next(iter(self._fds))))
-            self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
-        return self._fds[shard]
-
-    def read(self, shard: int, record: int) -> bytes:
-        if shard not in self._index_of:
-            self._index_of[shard] = self._index(shard)
-        offsets, lengths = self._index_of[shard]
-        if offsets[record] < 0:  # named by the first record the shard lacks, whichever was asked for
-            first = int(np.argmax(offsets < 0))
-            return self._unreadable(shard, first, f"the shard ends, or its length field is damaged, there: it "
-                                                  f"holds {first} of the manifest's {self.counts[shard]} records")
-        length = int(lengths[record])
-        raw = os.pread(self._fd(shard), length + 4, int(offsets[record]) + 12)
-        if len(raw) < length + 4:
-            return self._unreadable(shard, record, "the shard was cut short while being read")
-        payload = checked_payload(raw, length)
-        if payload is None:
-            return self._unreadable(shard, record, "its data does not match its CRC")
-        return payload
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
-
-    def _unreadable(self, shard: int, record: int, why: str) -> bytes:
-        if self.skip_corrupt:
-            return placeholder()
-        raise DataError(f"{self.paths[shard]}: corrupt TFRecord at record {record} ({why}); "
-                        "pass --on-corrupt skip to skip and count it")
 
 
 def _epoch_records(m: Manifest, epoch_seed: tf.Tensor, shuffle_buffer: int, skip_corrupt: bool,
@@ -382,24 +276,14 @@ def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt:
             ds = ds.with_options(options)
         slices = ({k: v.numpy() for k, v in b.items()} for b in ds.map(lambda b: load_samples(m.kind, b)))
         while True:
-            group = list(itertools.islice(slices, unit))
+            try:
+                group = list(itertools.islice(slices, unit))
+            except tf.errors.DataLossError:
+                raise DataError(locate_corrupt_record(m)) from None
             if not group:
                 return
             yield group[0] if unit == 1 else {k: np.concatenate([g[k] for g in group]) for k in group[0]}
-    order, reader = IndexedOrder(m, order_seed, shuffle_buffer), RecordReader(m, skip_corrupt)
-    share = np.arange(lo, hi, dtype=np.int64)
-    try:
-        for first in itertools.count(0, unit):
-            b = order.at(np.concatenate([(first + i) * batch + share for i in range(unit)]))
-            parsed = [parser.fn(reader.read(int(s), int(r)), key) for s, r, key in zip(b.pop("shard"), b.pop("record"),
-                                                                                       b["key"])]
-            b["encoded"] = np.empty(len(parsed), object)
-            b["encoded"][:] = [e for e, _ in parsed]
-            b["label"] = np.array([label for _, label in parsed], np.int64)
-            b["id"] = sample_ids(b["key"]) if len(parsed) else np.zeros(0, np.int64)
-            yield b
-    finally:
-        reader.close()
+    yield from read_share(m, IndexedOrder(m, order_seed, shuffle_buffer), parser, skip_corrupt, batch, lo, hi, unit)
 
 
 def load_samples(kind: str, batch: dict) -> dict:

@@ -15,6 +15,9 @@ from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 
 BUILTIN_PREPROCESSING = ("inception", "vgg")  # enspipe.data.preprocessing.PREPROCESSING's names
 TRANSPORTS = ("mpi4py", "horovod")
+# preprocessing backends: TensorFlow's (tf.data, Slim's ops) and Pillow's with numpy (no TensorFlow);
+# "auto" is tf where TensorFlow is installed, else pillow
+BACKENDS = ("tf", "pillow")
 WIRE_DTYPES = ("float32", "uint8")
 MALLOC_POLICIES = ("keep", "system")
 LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
@@ -31,6 +34,11 @@ class StreamConfig:
 
     ``preprocess`` is a built-in's name (Slim's ``inception`` or ``vgg`` training preprocessing)
     or a function ``fn(image, seed) -> tensor`` (see :class:`enspipe.data.preprocessing.UserPreprocess`).
+
+    ``backend``: ``tf`` (tf.data and TensorFlow's image ops: Slim's preprocessing, exactly) or
+    ``pillow`` (Pillow and numpy, no TensorFlow: :mod:`enspipe.data.pixels`); ``auto`` (the
+    default) is ``tf`` where TensorFlow is installed, else ``pillow``. Every member must use the
+    same one (a shuffled stream's order differs between them).
 
     ``scheme="auto"``: the cost model chooses the scheme and P for these members on their
     placement (``enspipe plan``), from ``calibration`` (the workflow's ``rates.json``: one
@@ -59,8 +67,10 @@ class StreamConfig:
     network: str | None = None
     accelerator_rate: float | None = None
     plan_comm: str | None = None
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
+        self._check_backend()
         require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
                 "pass data=DIR: Slim TFRecord shards or JPEG class folders (enspipe make-dataset makes one)")
         for name in ("batch_size", "image_size", "queue_depth", "block_images"):
@@ -103,6 +113,22 @@ class StreamConfig:
                     f"{self.preprocess!r}", f"name a built-in ({', '.join(BUILTIN_PREPROCESSING)}) or pass a function "
                     "fn(image, seed) -> tensor")
 
+    def _check_backend(self) -> None:
+        """Resolve ``auto`` and check that the backend can run here with these options."""
+        require(self.backend in ("auto", *BACKENDS), "backend", f"unknown backend {self.backend!r}",
+                f"choose one of auto, {', '.join(BACKENDS)}")
+        has_tf = tensorflow_installed()
+        if self.backend == "auto":
+            object.__setattr__(self, "backend", "tf" if has_tf else "pillow")
+        require(self.backend != "tf" or has_tf, "backend", "TensorFlow is not installed here",
+                "pip install tensorflow-cpu, or pass backend='pillow' (no TensorFlow)")
+        if self.backend == "pillow":
+            require(not callable(self.preprocess), "preprocess", "a preprocess function takes TensorFlow tensors; "
+                    "the pillow backend runs the built-ins alone", "use preprocess='inception' or 'vgg', or install "
+                    "TensorFlow and pass backend='tf'")
+            require(self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow build",
+                    "use transport='mpi4py' with the pillow backend")
+
     @property
     def user_preprocess(self) -> bool:
         return callable(self.preprocess)
@@ -115,7 +141,7 @@ class StreamConfig:
         same verdict."""
         from enspipe.data.manifest import DataError
         from enspipe.data.build import load_manifest
-        from enspipe.data.shards import verify_digest
+        from enspipe.data.manifest import verify_digest
 
         if not os.path.isdir(self.data):
             raise ConfigError("data", f"{self.data}: no such directory", "pass a dataset directory")
@@ -143,3 +169,13 @@ class StreamConfig:
             return manifest, probe_preprocess(self.preprocess, manifest, self.seed)
         except PreprocessError as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
+
+
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow can be imported here (looked up, not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules: hidden on purpose
+        return False

@@ -122,7 +122,7 @@ def _clear_earlier_results(cfg: RunConfig, comm) -> None:
 def _manifest(cfg: RunConfig):
     from enspipe.data.manifest import DataError
     from enspipe.data.build import load_manifest
-    from enspipe.data.shards import verify_digest
+    from enspipe.data.manifest import verify_digest
 
     manifest = load_manifest(cfg.data)
     problem = verify_digest(manifest)  # the count and the shards were checked before MPI started

@@ -3,8 +3,9 @@
     read ──▶ [preprocessing queue] ──▶ preprocess ──▶ [exchange queue] ──▶ exchange ──▶ [compute queue] ──▶ consumer
 
 ``read`` takes this member's share of each global batch from the sample stream and reads and
-parses only those records (:func:`enspipe.data.shards.read_slices`; nothing is decoded); ``preprocess``
-decodes and augments them on a tf.data pool of K threads;
+parses only those records (:func:`enspipe.data.order.read_share`; nothing is decoded); ``preprocess``
+decodes and augments them on a pool of K threads, tf.data's or, with the ``pillow`` backend,
+Pillow's and numpy's (:mod:`enspipe.run.preprocessors`);
 ``exchange`` runs the scheme's collectives (nothing for the baseline); the consumer runs in the
 caller's thread. The three producing stages work on a unit of consecutive global batches at a
 time (the engine's ``unit``, :meth:`enspipe.plan.schemes.Scheme.unit_batches`): a call into
@@ -24,24 +25,26 @@ after the consumer's last measured step is never consumed or counted.
 """
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 
-from enspipe.data.manifest import DataError, Manifest
+from enspipe.data.manifest import Manifest
+from enspipe.data.pixels import OUTPUT_RANGE, output_spec
 from enspipe.data.records import CORRUPT_LABEL
-from enspipe.data.shards import locate_corrupt_record, read_slices
 from enspipe.exchange.base import Batch
 from enspipe.exchange.engine import ExchangeEngine
-from enspipe.data.preprocessing import OUTPUT_RANGE, UserPreprocess, decode, make_preprocess_fn, output_spec
 from enspipe.measure.stages import StageClock
 from enspipe.measure.threadcpu import set_thread_name
 from enspipe.common import keys
+from enspipe.run.preprocessors import PillowEngine, Stopped, TfEngine  # noqa: F401 - Stopped is the stages' signal
+
+if TYPE_CHECKING:
+    from enspipe.data.preprocessing import UserPreprocess
 
 QUEUES = ("preprocessing", "exchange", "compute")
 
@@ -50,12 +53,10 @@ class PipelineFailed(RuntimeError):
     pass
 
 
-class Stopped(Exception):
-    """The pipeline was closed while a stage (or its consumer) waited."""
-
-
 def quantizer(preprocessing: str):
     """(quantize, dequantize) for the uint8 wire: lossy by (range)/255 per value."""
+    import tensorflow as tf
+
     lo, hi = OUTPUT_RANGE[preprocessing]
 
     def quantize(x):
@@ -73,6 +74,10 @@ def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool
     quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``. A user's
     preprocessing (:class:`~enspipe.data.preprocessing.UserPreprocess`) goes on the wire as it
     returns it."""
+    import tensorflow as tf
+
+    from enspipe.data.preprocessing import UserPreprocess, make_preprocess_fn
+
     if isinstance(preprocessing, UserPreprocess):
         prep, quantize = preprocessing.encoded_fn(), (lambda x: x)
     else:
@@ -86,8 +91,10 @@ def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool
     return one
 
 
-def tf_data_options(threads: int) -> tf.data.Options:
+def tf_data_options(threads: int):
     """A member's tf.data options: a private pool of ``threads``, one thread per op, deterministic."""
+    import tensorflow as tf
+
     opts = tf.data.Options()
     opts.threading.private_threadpool_size = threads
     opts.threading.max_intra_op_parallelism = 1
@@ -125,12 +132,14 @@ class Pipeline:
     def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
                  preprocessing: "str | UserPreprocess", image_size: int, threads: int, order_seed: int, prep_seed: int,
                  shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
-                 wire_dtype: str, sample_interval: float, events):
+                 wire_dtype: str, sample_interval: float, events, backend: str = "tf"):
         self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
         self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
         self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
-        self.sample_interval, self.events = sample_interval, events
+        self.sample_interval, self.events, self.backend = sample_interval, events, backend
+        if backend == "tf":  # imported here, not first in a stage thread: two threads importing it at once deadlock
+            import tensorflow  # noqa: F401
         self.image_shape, self.image_dtype = output_spec(preprocessing, image_size, wire_dtype)
         self.share = engine.scheme.share(rank, batch)
         self.unit = engine.unit  # global batches per read, preprocessing call and exchange
@@ -144,7 +153,7 @@ class Pipeline:
         self._skipped: list[tuple[int, int, str]] = []  # (global batch, epoch, key) of each skipped record
         self.samples: list[tuple[float, int, int, int]] = []
         self._threads: list[threading.Thread] = []
-        self._prep_iterator = None  # the preprocess stage's tf.data iterator, kept until close()
+        self._prep_engine = None  # the preprocess stage's engine (enspipe.run.preprocessors), kept until close()
         self.preprocessed = 0  # images this member's preprocess stage has produced
         self.clock = StageClock()  # the stages' working (not waiting) wall time; see enspipe.measure.stages
         # the exchange stage's steps: begun, completed, and the limit it may not pass (None: none)
@@ -153,7 +162,7 @@ class Pipeline:
         self._limit: int | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
-    def _options(self) -> tf.data.Options:
+    def _options(self):
         return tf_data_options(self.threads)
 
     def _put(self, name: str, item) -> None:
@@ -194,103 +203,68 @@ class Pipeline:
         return t
 
     # -- stages -------------------------------------------------------------------------------
-    def _read(self) -> None:
+    def _slices(self):
+        """This member's share of each unit of global batches, read and parsed (nothing decoded)."""
         lo, hi = self.share
-        it = read_slices(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt, self.batch, lo, hi,
-                         self._options(), unit=self.unit)
+        if self.backend == "pillow":
+            from enspipe.data.order import NumpyOrder, read_share
+            from enspipe.data.parse import resolve
+            from enspipe.data.records import record_format
+
+            order = NumpyOrder(self.m, self.order_seed, self.shuffle_buffer)
+            return read_share(self.m, order, resolve(record_format(self.m)), self.skip_corrupt, self.batch, lo, hi,
+                              self.unit)
+        from enspipe.data.shards import read_slices
+
+        return read_slices(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt, self.batch, lo, hi,
+                           self._options(), unit=self.unit)
+
+    def _read(self) -> None:
+        it = self._slices()
         while True:
             t = time.perf_counter()
             try:
                 item = next(it)
             except StopIteration:
                 return
-            except tf.errors.DataLossError:
-                raise DataError(locate_corrupt_record(self.m)) from None
             self.clock.add("read", time.perf_counter() - t)
             self._put("preprocessing", item)
 
-    def _preprocess(self) -> None:
-        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed)
-        pending: collections.deque = collections.deque()
-        waited = [0.0]  # seconds the stage's input generator waited for the read stage
-
-        def gen():
-            while not self.stop.is_set():
-                t = time.perf_counter()
-                item = self._get("preprocessing")
-                waited[0] += time.perf_counter() - t
-                pending.append(item)
-                yield {k: item[k] for k in ("encoded", "id", "epoch", "position", "label")}
-
+    def _engine(self):
         slice_len = self.share[1] - self.share[0]
-        # kept until close(), so its pool threads' CPU stays visible
-        it = self._prep_iterator = iter(self._prep_dataset(gen, one, slice_len))
-        while True:
-            t, w = time.perf_counter(), waited[0]
-            try:
-                images, meta = next(it)
-            except (StopIteration, tf.errors.OpError) as e:
-                if self.stop.is_set():  # closed while the stage waited for its input
-                    raise Stopped from None
-                if isinstance(e, tf.errors.InvalidArgumentError):
-                    raise DataError(self._diagnose(pending, e)) from None
-                raise
-            raw = pending.popleft()
-            images, meta = images.numpy(), meta.numpy()
-            if self.skip_corrupt:
-                images, meta = self._drop_skipped(raw, images, meta)
-            self.preprocessed += len(meta)
-            took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
-            self.clock.add("preprocess", took - min(took, waited[0] - w))
-            images, meta = np.ascontiguousarray(images), np.ascontiguousarray(meta)
-            # the unit's slices, as views (a slice that lost skipped images is alone in its unit)
-            ends = [len(meta)] if self.unit == 1 else [slice_len * (i + 1) for i in range(self.unit)]
-            for lo, hi in zip([0, *ends[:-1]], ends):
-                self._put("exchange", Batch(images[lo:hi], meta[lo:hi]))
+        if self.backend == "pillow":
+            return PillowEngine(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed,
+                                self.threads, self.skip_corrupt)
+        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed)
+        return TfEngine(one, self.image_shape, self.image_dtype, self._options(), self.threads, self.skip_corrupt,
+                        slice_len, self.unit, self.depth)
+
+    def _preprocess(self) -> None:
+        slice_len = self.share[1] - self.share[0]
+        self._prep_engine = self._engine()  # closed by close(), so its pool threads' CPU stays visible
+        try:
+            for raw, images, meta, took in self._prep_engine.run(lambda: self._get("preprocessing")):
+                if self.skip_corrupt:
+                    images, meta = self._drop_skipped(raw, images, meta)
+                self.preprocessed += len(meta)
+                self.clock.add("preprocess", took)
+                images, meta = np.ascontiguousarray(images), np.ascontiguousarray(meta)
+                # the unit's slices, as views (a slice that lost skipped images is alone in its unit)
+                ends = [len(meta)] if self.unit == 1 else [slice_len * (i + 1) for i in range(self.unit)]
+                for lo, hi in zip([0, *ends[:-1]], ends):
+                    self._put("exchange", Batch(images[lo:hi], meta[lo:hi]))
+        except Exception:
+            if self.stop.is_set():  # closed, or another stage failed, while this one waited
+                raise Stopped from None
+            raise
 
     def _end_preprocessing(self) -> None:
-        """Once stopped, run the preprocessing iterator to its end in the stage's own thread and
-        drop it. Its input is a Python generator: an iterator dropped while a call into it is in
-        flight waits for that call, which needs the GIL the dropping thread holds; dropped by
-        the interpreter at exit, a member's process hung there for good (seen in CI)."""
-        it, self._prep_iterator = self._prep_iterator, None
-        for _ in range(4 * self.depth + 16):  # the generator ends at once now; what tf.data holds drains
-            if it is None:
-                return
-            try:
-                next(it)
-            except StopIteration:
-                break
-            except tf.errors.OpError:
-                continue
-        del it
-
-    def _prep_dataset(self, gen, one, slice_len: int):
-        """The preprocessing stage's tf.data pipeline over ``gen``'s slices: images mapped by ``one``
-        and regrouped per unit, or, when skipping corrupt records, per slice with an end marker."""
-        sig = {"encoded": tf.TensorSpec([None], tf.string),
-               **{k: tf.TensorSpec([None], tf.int64) for k in ("id", "epoch", "position", "label")}}
-
-        def per_slice(b):  # one slice's images, the skipped ones left out, and a marker at its end
-            items = tf.data.Dataset.from_tensor_slices(b).map(one, num_parallel_calls=self.threads, deterministic=True)
-            items = items.ignore_errors().concatenate(tf.data.Dataset.from_tensors(
-                (tf.zeros(self.image_shape, tf.as_dtype(self.image_dtype)),
-                 tf.constant([-1, -1, -1, -1], tf.int64))))
-            return items.batch(slice_len + 1)
-
-        ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
-        if self.skip_corrupt:  # a slice may lose images: each keeps its own bounds
-            ds = ds.interleave(per_slice, cycle_length=2, num_parallel_calls=2, deterministic=True)
-        else:  # one stream of images, preprocessed K at a time across slice boundaries, regrouped per unit
-            ds = ds.flat_map(tf.data.Dataset.from_tensor_slices).map(
-                one, num_parallel_calls=self.threads, deterministic=True).batch(slice_len * self.unit)
-        return ds.with_options(self._options())
+        engine, self._prep_engine = self._prep_engine, None
+        if engine is not None:
+            engine.close()
 
     def _drop_skipped(self, raw: dict, images, meta):
-        """A slice's images and metadata without its end marker and the images it skipped, each
-        skipped one recorded and logged."""
-        keep = meta[:, 0] != -1
-        images, meta = images[keep], meta[keep]
+        """Record and log each image the slice ``raw`` lost (its preprocessing skipped it)."""
         lost = set(raw["id"].tolist()) - set(meta[:, 0].tolist())
         if lost:
             batch = int(raw["position"][0]) // self.batch
@@ -300,17 +274,6 @@ class Pipeline:
                     self.events.log(keys.SKIPPED, key=key.decode(), batch=batch, epoch=int(epoch),
                                     reason="corrupt record" if label == CORRUPT_LABEL else "undecodable image")
         return images, meta
-
-    @staticmethod
-    def _diagnose(pending, error) -> str:
-        for raw in pending:
-            for key, encoded in zip(raw["key"], raw["encoded"]):
-                try:
-                    decode(tf.constant(encoded))
-                except tf.errors.InvalidArgumentError as e:
-                    return (f"{key.decode()}: undecodable JPEG ({e.message.splitlines()[0]}); "
-                            "fix or remove the record, or pass --on-corrupt skip to skip and count it")
-        return f"preprocessing failed: {error.message.splitlines()[0]}"
 
     def _exchange(self) -> None:
         while True:
@@ -435,5 +398,5 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
                         order_seed=seed, prep_seed=seed, shuffle_buffer=stream.shuffle_buffer,
                         queue_depth=stream.queue_depth, skip_corrupt=stream.skip_corrupt,
                         fast_mode=stream.fast_mode, wire_dtype=stream.wire_dtype,
-                        sample_interval=stream.sample_interval, events=events)
+                        sample_interval=stream.sample_interval, events=events, backend=stream.backend)
     return transport, pipeline

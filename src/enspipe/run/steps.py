@@ -38,7 +38,7 @@ class Member:
         """Consume one batch; returns what the pipeline looked like when it was asked for it (see
         :class:`Look`): whether the batch was missing, whether every queue was full and how many
         batches the queues held."""
-        from enspipe.data.shards import batch_checksum, digest_of
+        from enspipe.data.keys import batch_checksum, digest_of
 
         self.progress["step"] = step
         if self.fault and self.fault[0] == step:

@@ -40,7 +40,8 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
     """This rank's part of the summary: its rate and CPU, stages, queues, epochs and exchange."""
-    from enspipe.data.shards import expected_keys, sample_ids
+    from enspipe.data.keys import sample_ids
+    from enspipe.data.manifest import expected_keys
     from enspipe.measure import stages
 
     cfg, member, rank, where = job.cfg, job.member, job.rank, job.where

@@ -1,0 +1,198 @@
+"""Training preprocessing without TensorFlow (the ``pillow`` backend): Pillow decodes and resizes,
+numpy does the rest, one image per call of a thread pool (Pillow's decoding and resampling and
+numpy's array arithmetic release the GIL).
+
+``inception``: the standard ImageNet training augmentation, with Slim's
+``inception_preprocessing.preprocess_for_train`` parameters: a random crop of 5%..100% of the
+image's area with aspect ratio 3/4..4/3 covering at least 10% of it (100 attempts, else the whole
+image), resized with one of four methods drawn at random (bilinear, nearest, bicubic, box; bilinear
+alone in fast mode), a random left-right flip, and colour distortion (brightness +-32/255,
+saturation and contrast x0.5..1.5, hue +-0.2) in one of four orders drawn at random (brightness
+and saturation in two orders in fast mode); values in [-1, 1]. Where it differs from Slim's, which
+runs in TensorFlow: a JPEG is decoded at 1/2, 1/4 or 1/8 scale where the crop still has the output's
+size at that scale (libjpeg's DCT scaling: what the crop needs, not the whole image); Pillow's
+``box`` resampling stands in for ``area``; the colour steps round to 8-bit values after each step.
+
+``vgg``: Slim's ``vgg_preprocessing.preprocess_for_train``: the shorter side resized to a random
+size in [256, 512] (scaled with the output size), a random crop, a random flip, channel means
+subtracted. The crop is cut from the source image and resized once (bilinear).
+
+Every draw comes from a Philox generator keyed by ``(seed, position)``: a sample comes out the
+same whichever member preprocesses it and however many threads run. The two backends draw from
+different generators, so their images for one sample differ.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from PIL import Image, ImageStat
+
+VGG_MEANS = (123.68, 116.78, 103.94)
+OUTPUT_RANGE = {"inception": (-1.0, 1.0), "vgg": (-max(VGG_MEANS), 255.0 - min(VGG_MEANS))}
+_METHODS = (Image.Resampling.BILINEAR, Image.Resampling.NEAREST, Image.Resampling.BICUBIC, Image.Resampling.BOX)
+_MASK64 = 2**64 - 1
+
+
+class Undecodable(ValueError):
+    """An image Pillow cannot decode."""
+
+
+def generator(seed: int, position: int) -> np.random.Generator:
+    """The generator of one sample's draws: Philox keyed by ``(seed, position)``."""
+    return np.random.Generator(np.random.Philox(key=[int(seed) & _MASK64, int(position) & _MASK64]))
+
+
+def open_image(encoded: bytes) -> Image.Image:
+    """The image's header read (nothing decoded yet); raises :class:`Undecodable`."""
+    try:
+        return Image.open(io.BytesIO(encoded))
+    except Exception as e:  # noqa: BLE001 - Pillow's errors vary by format
+        raise Undecodable(f"{type(e).__name__}: {e}") from None
+
+
+def decode(encoded: bytes) -> np.ndarray:
+    """The whole image, uint8 ``H x W x 3`` (the first frame of an animation)."""
+    return np.asarray(_rgb(open_image(encoded)))
+
+
+def _rgb(im: Image.Image) -> Image.Image:
+    try:
+        im.load()
+        return im if im.mode == "RGB" else im.convert("RGB")
+    except Exception as e:  # noqa: BLE001 - a truncated or damaged image
+        raise Undecodable(f"{type(e).__name__}: {e}") from None
+
+
+def sample_crop(rng: np.random.Generator, width: int, height: int) -> tuple[int, int, int, int]:
+    """Slim's distorted bounding box for the whole image: ``(left, top, width, height)``."""
+    area = width * height
+    for _ in range(100):
+        target = area * rng.uniform(0.05, 1.0)
+        ratio = rng.uniform(0.75, 1.33)
+        w = int(round(math.sqrt(target * ratio)))
+        h = int(round(math.sqrt(target / ratio)))
+        if 0 < w <= width and 0 < h <= height and w * h >= 0.1 * area:
+            return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h
+    return 0, 0, width, height
+
+
+def _drafted(im: Image.Image, box: tuple[float, float, float, float], size: int) -> tuple[Image.Image, tuple]:
+    """A JPEG decoded at the smallest DCT scale (1, 1/2, 1/4, 1/8) at which ``box`` still holds
+    ``size`` pixels each way; the box in the decoded image's pixels."""
+    if im.format != "JPEG":
+        return _rgb(im), box
+    w0, h0 = im.size
+    bw, bh = box[2] - box[0], box[3] - box[1]
+    scale = 1
+    while scale < 8 and bw / (scale * 2) >= size and bh / (scale * 2) >= size:
+        scale *= 2
+    if scale > 1:
+        im.draft("RGB", (math.ceil(w0 / scale), math.ceil(h0 / scale)))
+    im = _rgb(im)
+    fx, fy = im.size[0] / w0, im.size[1] / h0
+    return im, (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+
+
+def _saturate(im: Image.Image, factor: float) -> Image.Image:
+    """HSV saturation times ``factor`` (at most 1), hue and value kept: each channel's distance
+    below the pixel's maximum is scaled alike, which keeps the hue (its ratio of distances)."""
+    r, g, b = (np.asarray(band, dtype=np.float32) for band in im.split())
+    v = np.maximum(np.maximum(r, g), b)
+    spread = v - np.minimum(np.minimum(r, g), b)
+    k = np.minimum(np.float32(factor), v / np.maximum(spread, np.float32(1e-6)))
+    return Image.merge("RGB", [Image.fromarray(np.clip(v - (v - c) * k + 0.5, 0, 255).astype(np.uint8))
+                               for c in (r, g, b)])
+
+
+def _shift_hue(im: Image.Image, delta: float) -> Image.Image:
+    """HSV hue turned by ``delta`` of a full turn, saturation and value kept (HSV to RGB by
+    ``V - C * max(0, min(k, 4 - k, 1))``, ``k = (n + H) mod 6`` for n = 5, 3, 1)."""
+    r, g, b = (np.asarray(band, dtype=np.float32) for band in im.split())
+    v = np.maximum(np.maximum(r, g), b)
+    c = v - np.minimum(np.minimum(r, g), b)
+    safe = np.maximum(c, np.float32(1e-6))
+    h = np.where(v == r, (g - b) / safe, np.where(v == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    h = h + np.float32(6 * delta)
+    out = []
+    for n in (5, 3, 1):
+        k = np.mod(h + n, 6)
+        f = v - c * np.clip(np.minimum(k, 4 - k), 0, 1)
+        out.append(Image.fromarray(np.clip(f + 0.5, 0, 255).astype(np.uint8)))
+    return Image.merge("RGB", out)
+
+
+def _colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image.Image:
+    """Slim's colour distortion in one of its orderings: brightness and contrast by lookup tables
+    (contrast about each channel's mean), saturation and hue in RGB, as HSV defines them."""
+    orders = ("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb")
+    order = orders[int(rng.integers(0, len(orders)))]
+    delta, sat, hue, con = (rng.uniform(-32 / 255, 32 / 255), rng.uniform(0.5, 1.5), rng.uniform(-0.2, 0.2),
+                            rng.uniform(0.5, 1.5))
+    levels = np.arange(256, dtype=np.float32)
+    for op in order:
+        if op == "b":
+            im = im.point(np.tile(np.clip(levels + round(delta * 255), 0, 255).astype(np.uint8), 3).tolist())
+        elif op == "c":
+            mean = np.asarray(ImageStat.Stat(im).mean, np.float32)[:, None]
+            im = im.point(np.clip((levels - mean) * np.float32(con) + mean + 0.5, 0, 255).astype(np.uint8)
+                          .ravel().tolist())
+        elif op == "s":
+            im = _saturate(im, sat)
+        else:
+            im = _shift_hue(im, hue)
+    return im
+
+
+def inception_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mode: bool = False) -> np.ndarray:
+    """Slim-style inception training preprocessing -> uint8 ``size x size x 3`` (the values in
+    [-1, 1] are ``x / 127.5 - 1``: see :func:`to_wire`)."""
+    im = open_image(encoded)
+    left, top, w, h = sample_crop(rng, *im.size)
+    method = _METHODS[0] if fast_mode else _METHODS[int(rng.integers(0, len(_METHODS)))]
+    im, box = _drafted(im, (left, top, left + w, top + h), size)
+    im = im.resize((size, size), method, box=box)
+    if rng.random() < 0.5:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(_colour(im, rng, fast_mode))
+
+
+def vgg_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mode: bool = False) -> np.ndarray:
+    """Slim-style VGG training preprocessing -> uint8 ``size x size x 3`` before the means are
+    subtracted (see :func:`to_wire`)."""
+    del fast_mode  # Slim's vgg preprocessing has no fast mode
+    im = open_image(encoded)
+    w0, h0 = im.size
+    side = int(rng.integers(round(256 * size / 224), round(512 * size / 224) + 1))
+    scale = side / min(w0, h0)
+    nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))
+    left, top = int(rng.integers(0, nw - size + 1)), int(rng.integers(0, nh - size + 1))
+    box = (left * w0 / nw, top * h0 / nh, (left + size) * w0 / nw, (top + size) * h0 / nh)
+    im, box = _drafted(im, box, size)
+    im = im.resize((size, size), Image.Resampling.BILINEAR, box=box)
+    if rng.random() < 0.5:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(im)
+
+
+PREPROCESSING = {"inception": inception_train, "vgg": vgg_train}
+
+
+def to_wire(name: str, pixels: np.ndarray, wire_dtype: str) -> np.ndarray:
+    """A preprocessed image as it travels: float32 in the preprocessing's own range, or uint8
+    quantised over that range (:data:`OUTPUT_RANGE`) as the TensorFlow backend quantises it."""
+    lo, hi = OUTPUT_RANGE[name]
+    x = pixels.astype(np.float32)
+    x = x / np.float32(127.5) - 1 if name == "inception" else x - np.asarray(VGG_MEANS, np.float32)
+    if wire_dtype == "float32":
+        return x
+    return np.round(np.clip((x - lo) / (hi - lo), 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def output_spec(preprocessing, size: int, wire_dtype: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and element type of one preprocessed image as it travels between members: a
+    built-in's (``preprocessing`` its name), or a user's (its ``shape`` and ``dtype``)."""
+    if not isinstance(preprocessing, str):
+        return tuple(preprocessing.shape), np.dtype(preprocessing.dtype)
+    return (size, size, 3), np.dtype(np.uint8 if wire_dtype == "uint8" else np.float32)
