@@ -10,8 +10,8 @@ from enspipe.data.manifest import DataError
 from enspipe.data.build import load_manifest
 from enspipe.data.records import first_samples, indexed, make_example, parse_slim
 from enspipe.data.build import FolderSource, convert_folder, scan
-from enspipe.data.shards import (SLIM_FEATURES, digest_of, load_samples, read_slices, sample_ids, sample_stream,
-                                 slice_of_batch)
+from enspipe.data.keys import digest_of, sample_ids
+from enspipe.data.shards import SLIM_FEATURES, load_samples, read_slices, sample_stream, slice_of_batch
 from enspipe.data.synthetic import make_dataset, synthetic_image
 
 

@@ -101,7 +101,8 @@ def test_convert_accounts_for_every_file_and_delivers_each_once(quirky, tmp_path
     _check_accounting(tmp_path / "s", m, expected)
     assert m["classes"] == ["cat", "dog", "éléphant"] and m["numbering"] == "folders" and m["num_classes"] == 3
     from enspipe.data.build import load_manifest
-    from enspipe.data.shards import digest_of, read_slices
+    from enspipe.data.keys import digest_of
+    from enspipe.data.shards import read_slices
 
     loaded = load_manifest(str(tmp_path / "s"))
     epoch = next(read_slices(loaded, 0, 8, False, loaded.num_images, 0, loaded.num_images))

@@ -11,7 +11,6 @@ import argparse
 import os
 
 from enspipe.commands.base import Command, Fail, say
-from enspipe.common.tfimport import import_tensorflow
 from enspipe.plan.options import positive_int
 
 STRICT_HELP = ("make any skipped image an error, naming the first few (default: skip it, say so and list it in "
@@ -76,7 +75,6 @@ def _make_dataset_args(p: argparse.ArgumentParser) -> None:
 def _make_dataset(a: argparse.Namespace, fail: Fail) -> int:
     if a.num_images < 1:
         fail("--num-images: must be >= 1; pass the number of images to generate")
-    import_tensorflow(trains=False)
     from enspipe.data.synthetic import make_dataset
 
     m = make_dataset(a.out, a.num_images, a.seed, max(1, a.num_classes), max(1, a.images_per_shard))
@@ -116,7 +114,6 @@ def _convert(a: argparse.Namespace, fail: Fail) -> int:
         fail(f"--jpeg-dir: {a.jpeg_dir!r} is not a directory; pass your folder of class folders")
     source = _source(a, a.jpeg_dir, fail)
     listing = _data_step(fail, source.listing)  # a folder that is none, or bad labels: before any work
-    import_tensorflow(trains=False)
     from enspipe.common.progress import Progress
     from enspipe.data.build import convert_folder
 
@@ -138,7 +135,6 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
 def _stage(a: argparse.Namespace, fail: Fail) -> int:
     if not os.path.isdir(a.data):
         fail(f"--data: {a.data!r} is not a directory; pass your dataset's folder")
-    import_tensorflow(trains=False)
     from enspipe.common.progress import Progress
     from enspipe.data.build import stage_dataset
     from enspipe.data.manifest import image_folders
@@ -173,14 +169,13 @@ def _index(a: argparse.Namespace, fail: Fail) -> int:
         resolve(a.parse)
     except ValueError as e:
         fail(f"--parse: {e}")
-    import_tensorflow(trains=False)
     if folder:
         from enspipe.data.build import index_folder
 
         m = _data_step(fail, index_folder, _source(a, a.data, fail), a.workers or _workers(), a.strict)
         say(f"{m.num_images} images, {m.num_classes} classes, digest {m.digest}; {_accounted(m, a.data)}")
         return 0
-    from enspipe.data.shards import scan_records
+    from enspipe.data.build import scan_records
 
     m = _data_step(fail, scan_records, a.data, a.parse)
     write_json_atomic(os.path.join(a.data, MANIFEST), manifest_dict(m))

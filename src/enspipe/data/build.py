@@ -16,8 +16,10 @@ import os
 from enspipe.common.atomic import write_json_atomic
 from enspipe.data.convert import accounting_of, plan_shards, write_shards_of
 from enspipe.data.folders import SKIPPED_CSV, Accounting, Listing, accounted, empty_problem, list_folder
-from enspipe.data.manifest import (MANIFEST, DataError, Manifest, check, image_folders, manifest_dict,
-                                   read_manifest)
+from enspipe.data.keys import add_digests, digest_of, sample_ids
+from enspipe.data.manifest import (MANIFEST, DataError, Manifest, candidate_shards, check, image_folders,
+                                   manifest_dict, read_manifest)
+from enspipe.data.records import shard_records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +46,40 @@ def load_manifest(root: str) -> Manifest:
 
 def scan(root: str, parse=None) -> Manifest:
     """The manifest of the dataset at ``root``, by reading it: image class folders (each file's
-    header checked: :func:`scan_folder`) or TFRecord shards (:func:`enspipe.data.shards.scan_records`)."""
+    header checked: :func:`scan_folder`) or TFRecord shards (:func:`scan_records`)."""
     if os.path.isdir(root) and image_folders(root):
         return dataclasses.replace(_scanned(os.path.abspath(root), _folder_stamp(root)), root=root)
     problem = check(root) if os.path.isdir(root) else None  # a flat folder of images, a file that is no shard
     if problem:
         raise DataError(problem)
-    from enspipe.data.shards import scan_records
-
     return scan_records(root, parse)
+
+
+def scan_records(root: str, parse=None) -> Manifest:
+    """Build a TFRecord dataset's manifest by reading the directory (every record is read once to
+    count and key it, its label read with ``parse``: see :mod:`enspipe.data.parse`; the manifest
+    names it). Image folders are scanned by :func:`scan`."""
+    from enspipe.data.parse import resolve
+
+    if not os.path.isdir(root):
+        raise DataError(f"{root}: not a directory; create a dataset with `enspipe make-dataset`")
+    shards = candidate_shards(root)
+    if not shards:
+        raise DataError(f"{root}: no TFRecord shards and no image class folders found")
+    parser = resolve(parse)
+    total, digest, max_label, counts = 0, digest_of([]), -1, []
+    for shard in shards:
+        name, keys = os.path.basename(shard), []
+        for i, payload in enumerate(shard_records(shard)):  # a corrupt record: DataError naming it
+            keys.append(f"{name}:{i}")
+            max_label = max(max_label, parser.fn(payload, keys[-1].encode())[1])
+        total += len(keys)
+        counts.append(len(keys))
+        digest = add_digests(digest, digest_of(sample_ids(keys)))
+    return Manifest(root, "tfrecord", total, max_label + 1, digest,
+                    tuple(os.path.relpath(s, root) for s in shards), counts=tuple(counts),
+                    sizes=tuple(os.path.getsize(s) for s in shards),
+                    info=None if parser.slim else {"parse": parser.name})
 
 
 def _folder_stamp(root: str) -> tuple:
@@ -76,8 +103,6 @@ def scan_folder(source: FolderSource, level: str = "header", workers: int = 1) -
 
 
 def _folder_manifest(source: FolderSource, level: str, workers: int) -> tuple[Manifest, Accounting]:
-    from enspipe.data.keys import digest_of, sample_ids
-
     listing = source.listing()
     files, labels, acc = accounted(listing, level, workers)
     m = Manifest(source.root, "jpeg_folders", len(files), listing.num_classes, digest_of(sample_ids(files)),
@@ -118,8 +143,6 @@ def convert_folder(source: FolderSource, out: str, split: str = "train", num_sha
     os.makedirs(out, exist_ok=True)
     plan = plan_shards(listing, split, num_shards, images_per_shard)
     notes, reused = write_shards_of(listing, out, plan, workers, "decode", progress)
-    from enspipe.data.keys import add_digests, digest_of, sample_ids
-
     acc = accounting_of(listing, notes)
     counts = [notes[n]["records"] for n in plan.names]
     left = {rel for rel, _ in acc.rows}

@@ -1,4 +1,4 @@
-"""TFRecord records without TensorFlow: reading them (by offset, or a shard from its start), Slim's
+"""TFRecord records without TensorFlow: writing shards, reading them (by offset, or a shard from its start), Slim's
 ``tf.train.Example`` parsed by protobuf, and a dataset's first samples in the stream's canonical
 order. Checking ``--data`` before MPI starts needs only this module, so a bad option is refused
 in a fraction of a second, not after TensorFlow's few seconds of import.
@@ -10,11 +10,15 @@ they read and write are TensorFlow's own.
 """
 from __future__ import annotations
 
+import math
 import os
+import shutil
 import struct
 from collections.abc import Iterator
 
-from enspipe.data.manifest import DataError, Manifest, masked_crc32c
+from enspipe.common.atomic import write_json_atomic
+from enspipe.data.keys import add_digests, digest_of, sample_ids
+from enspipe.data.manifest import MANIFEST, DataError, Manifest, manifest_dict, masked_crc32c
 
 CORRUPT_LABEL = -2  # the label of a placeholder for a record that could not be read (skip mode)
 CYCLE = 4  # shards the stream interleaves at a time (block length 1): the canonical order's cycle
@@ -190,3 +194,37 @@ def first_samples(m: Manifest, k: int = 2) -> list[tuple[bytes, bytes]]:
 
     stream = _interleaved([keyed(p) for p in m.paths()], min(CYCLE, len(m.files)))
     return [x for _, x in zip(range(k), stream)]
+
+
+def write_shards(out: str, samples, num_images: int, num_classes: int, images_per_shard: int,
+                 info: dict, synthetic: bool) -> Manifest:
+    """Write ``(jpeg, label, height, width, filename, synset)`` samples as Slim TFRecord shards
+    ``train-XXXXX-of-YYYYY`` and, last and atomically, ``manifest.json``."""
+
+    num_shards = max(1, math.ceil(num_images / images_per_shard))
+    os.makedirs(out, exist_ok=True)
+    if os.path.exists(os.path.join(out, MANIFEST)):
+        os.remove(os.path.join(out, MANIFEST))  # an incomplete rewrite must not look complete
+    tmp = os.path.join(out, ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    names, counts, digest, total_bytes, it = [], [], digest_of([]), 0, iter(samples)
+    for s in range(num_shards):
+        name = f"train-{s:05d}-of-{num_shards:05d}"
+        n = min(images_per_shard, num_images - s * images_per_shard)
+        with open(os.path.join(tmp, name), "wb") as f:
+            for _ in range(n):
+                encoded, label, h, w, filename, synset = next(it)
+                f.write(framed(slim_example(encoded, label, h, w, filename, synset)))
+                total_bytes += len(encoded)
+        names.append(name)
+        counts.append(n)
+        digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(n)])))
+    for name in names:
+        os.replace(os.path.join(tmp, name), os.path.join(out, name))
+    os.rmdir(tmp)
+    info = dict(info, mean_jpeg_bytes=round(total_bytes / max(1, num_images)))
+    m = Manifest(out, "tfrecord", num_images, num_classes, digest, tuple(names), synthetic=synthetic, info=info,
+                 counts=tuple(counts), sizes=tuple(os.path.getsize(os.path.join(out, n)) for n in names))
+    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(m))
+    return m

@@ -18,59 +18,21 @@ share.
 from __future__ import annotations
 
 import itertools
-import math
 import os
-import shutil
 
 import numpy as np
 import tensorflow as tf
 
-from enspipe.common.atomic import write_json_atomic
-from enspipe.data.keys import _ID_BUCKETS, add_digests, digest_of, sample_ids  # noqa: F401 - the stream's keys
-from enspipe.data.manifest import MANIFEST, DataError, Manifest, candidate_shards, manifest_dict
+from enspipe.data.keys import _ID_BUCKETS
+from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.order import read_share
-from enspipe.data.records import CYCLE, header_length, indexed, placeholder, record_format, slim_example
+from enspipe.data.records import CYCLE, header_length, indexed, placeholder, record_format
 
 SLIM_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/format": tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
 }
-
-
-def _shard_key_prefix(path: str) -> str:
-    return os.path.basename(path)
-
-
-def scan_records(root: str, parse=None) -> Manifest:
-    """Build a TFRecord dataset's manifest by reading the directory (every record is read once to
-    count and key it, its label read with ``parse``: see :mod:`enspipe.data.parse`; the manifest
-    names it). Image folders are scanned by :func:`enspipe.data.build.scan`."""
-    from enspipe.data.parse import resolve
-
-    if not os.path.isdir(root):
-        raise DataError(f"{root}: not a directory; create a dataset with `enspipe make-dataset`")
-    shards = candidate_shards(root)
-    if not shards:
-        raise DataError(f"{root}: no TFRecord shards and no image class folders found")
-    parser = resolve(parse)
-    total, digest, max_label, counts = 0, digest_of([]), -1, []
-    for shard in shards:
-        keys, records = [], 0
-        try:
-            for i, rec in enumerate(tf.data.TFRecordDataset(shard)):
-                keys.append(f"{_shard_key_prefix(shard)}:{i}")
-                max_label = max(max_label, parser.fn(rec.numpy(), keys[-1].encode())[1])
-                records += 1
-        except tf.errors.DataLossError as e:
-            raise DataError(f"{shard}: corrupt TFRecord at record {records}: {e.message}") from None
-        total += records
-        counts.append(records)
-        digest = add_digests(digest, digest_of(sample_ids(keys)))
-    return Manifest(root, "tfrecord", total, max_label + 1, digest,
-                    tuple(os.path.relpath(s, root) for s in shards), counts=tuple(counts),
-                    sizes=tuple(os.path.getsize(s) for s in shards),
-                    info=None if parser.slim else {"parse": parser.name})
 
 
 def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
@@ -310,36 +272,3 @@ def locate_corrupt_record(m: Manifest) -> str:
             return (f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]}); "
                     "pass --on-corrupt skip to skip and count it")
     return "a TFRecord shard became unreadable during the run"
-
-
-def write_shards(out: str, samples, num_images: int, num_classes: int, images_per_shard: int,
-                 info: dict, synthetic: bool) -> Manifest:
-    """Write ``(jpeg, label, height, width, filename, synset)`` samples as Slim TFRecord shards
-    ``train-XXXXX-of-YYYYY`` and, last and atomically, ``manifest.json``."""
-    num_shards = max(1, math.ceil(num_images / images_per_shard))
-    os.makedirs(out, exist_ok=True)
-    if os.path.exists(os.path.join(out, MANIFEST)):
-        os.remove(os.path.join(out, MANIFEST))  # an incomplete rewrite must not look complete
-    tmp = os.path.join(out, ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    names, counts, digest, total_bytes, it = [], [], digest_of([]), 0, iter(samples)
-    for s in range(num_shards):
-        name = f"train-{s:05d}-of-{num_shards:05d}"
-        n = min(images_per_shard, num_images - s * images_per_shard)
-        with tf.io.TFRecordWriter(os.path.join(tmp, name)) as writer:
-            for _ in range(n):
-                encoded, label, h, w, filename, synset = next(it)
-                writer.write(slim_example(encoded, label, h, w, filename, synset))
-                total_bytes += len(encoded)
-        names.append(name)
-        counts.append(n)
-        digest = add_digests(digest, digest_of(sample_ids([f"{name}:{i}" for i in range(n)])))
-    for name in names:
-        os.replace(os.path.join(tmp, name), os.path.join(out, name))
-    os.rmdir(tmp)
-    info = dict(info, mean_jpeg_bytes=round(total_bytes / max(1, num_images)))
-    m = Manifest(out, "tfrecord", num_images, num_classes, digest, tuple(names), synthetic=synthetic, info=info,
-                 counts=tuple(counts), sizes=tuple(os.path.getsize(os.path.join(out, n)) for n in names))
-    write_json_atomic(os.path.join(out, MANIFEST), manifest_dict(m))
-    return m

@@ -8,14 +8,15 @@ depend on how it is generated.
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 
 import numpy as np
-import tensorflow as tf
+from PIL import Image
 
 from enspipe.data.manifest import MANIFEST, Manifest
-from enspipe.data.shards import write_shards
+from enspipe.data.records import write_shards
 
 JPEG_QUALITY = 90
 
@@ -58,7 +59,9 @@ def make_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 10
     def samples():
         for i in range(num_images):
             img, label = synthetic_image(seed, i, num_classes)
-            encoded = tf.io.encode_jpeg(img, quality=JPEG_QUALITY).numpy()
+            buf = io.BytesIO()
+            Image.fromarray(img).save(buf, "JPEG", quality=JPEG_QUALITY)  # libjpeg's 4:2:0, as TensorFlow's encoder
+            encoded = buf.getvalue()
             yield encoded, label, img.shape[0], img.shape[1], f"synthetic_{seed}_{i:08d}.JPEG", f"class{label:04d}"
 
     info = {"generator": "enspipe.synthetic", "seed": seed, "jpeg_quality": JPEG_QUALITY}
