@@ -19,7 +19,7 @@ CORES  ?= 2
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[tf,workflow,test]'
 	touch $@
 
 CONFIG ?=

@@ -4,7 +4,10 @@
 * ``keep``: take STEPS batches, keep every one, write each one's checksum taken when it came and
   again at the end (a kept batch must not change), and whether the arrays were read-only;
 * ``checksums``: write the checksums of the first STEPS batches (as `enspipe run --batch-checksums` logs them);
-* ``raise``: raise inside ``with SharedStream(...)`` at the third batch (the job must abort, fast).
+* ``raise``: raise inside ``with SharedStream(...)`` at the third batch (the job must abort, fast);
+* ``torch`` / ``jax``: EPOCHS epochs of ``stream.torch(layout=LAYOUT)`` / ``stream.jax()``, every batch
+  kept; each one's NHWC pixel and label checksums when it came and at the end, its type, layout
+  and dtypes, and every warning raised.
 """
 import faulthandler
 import json
@@ -32,14 +35,48 @@ if options.get("preprocess") == "gray40":
     options["preprocess"] = gray40
 data = options.pop("data")
 batch = options.pop("batch_size")
+layout, epochs = options.pop("layout", "NHWC"), options.pop("epochs", 2)
+
+
+def _framework_rows(stream) -> dict:
+    """``torch`` / ``jax`` mode: every batch of EPOCHS epochs kept and checked at the end."""
+    import hashlib
+    import warnings
+
+    def nhwc(x):
+        if mode == "torch":
+            return (x.permute(0, 2, 3, 1) if x.dim() == 4 and layout != "NHWC" else x).contiguous().numpy()
+        return np.asarray(x)
+
+    def digest(images, labels):
+        return hashlib.blake2b(nhwc(images).tobytes() + nhwc(labels).astype(np.int64).tobytes(),
+                               digest_size=8).hexdigest()
+
+    kept = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(epochs):
+            batches = stream.torch(layout=layout) if mode == "torch" else stream.jax()
+            assert len(batches) == stream.steps_per_epoch
+            kept += [(x, y, digest(x, y)) for x, y in batches]
+    rows = [{"first": d, "last": digest(x, y), "type": type(x).__module__.split(".")[0], "shape": list(x.shape),
+             "dtype": str(x.dtype), "label_dtype": str(y.dtype),
+             "contiguous": bool(x.is_contiguous()) if mode == "torch" else None,
+             "channels_last": bool(x.is_contiguous(memory_format=__import__("torch").channels_last))
+             if mode == "torch" and x.dim() == 4 else None} for x, y, d in kept]
+    return {"rows": rows, "epochs": stream.epochs(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
+
+
 with enspipe.SharedStream(data, batch, **options) as stream:
     rows = []
+    if mode in ("torch", "jax"):
+        info = _framework_rows(stream)
     if mode == "raise":
         for i, _ in enumerate(stream):
             if i == 2:
                 raise ValueError("a bug in the member's training step")
     kept = []
-    for _ in range(steps):
+    for _ in range(steps if mode not in ("torch", "jax") else 0):
         images, meta = stream._next(keep=True)
         kept.append((images, meta, batch_checksum(Batch(images, meta))))
     for images, meta, first in kept:
@@ -47,7 +84,7 @@ with enspipe.SharedStream(data, batch, **options) as stream:
                      "read_only": not images.flags.writeable and not meta.flags.writeable,
                      "shape": list(images.shape), "dtype": str(images.dtype)})
     replaced = getattr(stream._transport, "ring", None)
-    info = {"rows": rows, "epochs": stream.epochs(), "spec": [list(stream.element_spec[0]), str(stream.element_spec[1])],
+    info = info if mode in ("torch", "jax") else {"rows": rows, "epochs": stream.epochs(), "spec": [list(stream.element_spec[0]), str(stream.element_spec[1])],
             "ring_replaced": replaced.replaced if replaced is not None else None,
             "paths": {",".join(map(str, g)): p for g, p in stream._transport.paths.items()},
             "scheme": stream.scheme.name, "planned": stream.planned}

@@ -21,7 +21,8 @@ def test_environment_yml_matches_pyproject():
     assert "python=3.11" in deps
     pip = next(d["pip"] for d in deps if isinstance(d, dict))
     pip_reqs = {_norm(r) for r in pip if not r.startswith("-e")}
-    wanted = {_norm(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    extras = project["optional-dependencies"]
+    wanted = {_norm(r) for r in project["dependencies"] + extras["tf"] + extras["workflow"] + extras["test"]}
     assert pip_reqs == wanted
     assert project["requires-python"].startswith(">=3.11")
 
@@ -32,7 +33,8 @@ def test_workflow_env_lists_the_runtime_requirements():
     with open(os.path.join(ROOT, "workflow", "envs", "enspipe.yaml")) as f:
         env = yaml.safe_load(f)
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert {_norm(r) for r in pip} == {_norm(r) for r in project["dependencies"]}
+    extras = project["optional-dependencies"]
+    assert {_norm(r) for r in pip} == {_norm(r) for r in project["dependencies"] + extras["tf"] + extras["workflow"]}
     assert "python=3.11" in env["dependencies"] and "sysstat" in env["dependencies"]
 
 

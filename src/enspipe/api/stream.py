@@ -139,6 +139,41 @@ class SharedStream:
         for _ in range(self.steps_per_epoch):
             yield self.next_batch()
 
+    def torch(self, layout: str = "NHWC", device=None):
+        """One epoch as PyTorch ``(images, labels)`` tensors (:class:`~enspipe.api.frameworks.TorchBatches`):
+        ``layout`` ``NHWC``, ``NCHW`` or ``channels_last``; ``device`` e.g. ``"cuda"``.
+
+        Example::
+
+            for images, labels in stream.torch(layout="channels_last", device="cuda"):
+                ...
+        """
+        from enspipe.api.frameworks import TorchBatches
+
+        return TorchBatches(self, layout, device)
+
+    def jax(self, device=None):
+        """One epoch as ``(images, labels)`` ``jax.Array`` s, copies on ``device``
+        (:class:`~enspipe.api.frameworks.JaxBatches`).
+
+        Example::
+
+            for images, labels in stream.jax():
+                ...
+        """
+        from enspipe.api.frameworks import JaxBatches
+
+        return JaxBatches(self, device)
+
+    def _batches(self, writable: bool):
+        """One epoch of kept ``(images, labels)``; ``writable``: as writable arrays (views of a
+        buffer private to the batch, or a copy where the buffer is read-only)."""
+        for _ in range(self.steps_per_epoch):
+            images, meta = self._next(keep=True)
+            if writable:
+                images = _writable(images)
+            yield images, meta[:, 3]
+
     def dataset(self):
         """The stream as an endless ``tf.data.Dataset`` of ``(images, labels)`` batches: pass
         ``steps_per_epoch=stream.steps_per_epoch`` to ``model.fit``."""
@@ -283,6 +318,17 @@ class SharedStream:
                 self.close()
             except Exception as e:  # noqa: BLE001 - at exit: say it, take the job down
                 self._abort(f"member {self.member}: closing the stream at exit failed: {type(e).__name__}: {e}")
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    """A writable view of a kept batch's array (its buffer is the batch's own: a copy out of
+    node-shared memory, or an exchange buffer pinned while referenced), or a copy."""
+    view = a.view()
+    try:
+        view.flags.writeable = True
+    except ValueError:  # a base that is itself read-only
+        return a.copy()
+    return view
 
 
 def _agree_on_backend(comm, backend: str) -> None:

@@ -1,0 +1,128 @@
+"""The stream as PyTorch tensors or JAX arrays: thin iterators over :class:`~enspipe.SharedStream`'s
+batches, one epoch each, with the numpy iteration's guarantees (every sample exactly once per
+epoch, a kept batch never changes, ``close()`` as before). Made by :meth:`SharedStream.torch`
+and :meth:`SharedStream.jax`; neither framework is imported until one is asked for.
+
+PyTorch: the batch's own memory where that is safe (a read-only numpy array handed to
+``torch.from_numpy`` warns that writing to it is undefined behaviour; enspipe hands over a
+writable view of a buffer private to the batch instead, so no warning and no copy). JAX: always
+a copy (``jax.device_put`` on the CPU may alias writable numpy memory, which enspipe reuses).
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+LAYOUTS = ("NHWC", "NCHW", "channels_last")
+
+
+def require_framework(name: str, extra: str):
+    """The framework's module, or ImportError saying what to install."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(f"enspipe: {name} is not installed here ({e}); pip install 'enspipe[{extra}]'") from None
+
+
+class TorchBatches:
+    """One epoch of ``(images, labels)`` torch tensors; ``len()`` is the batches per epoch.
+
+    Example::
+
+        for images, labels in stream.torch(layout="channels_last", device="cuda"):
+            loss = loss_fn(model(images.float()), labels)
+
+    ``layout``: ``NHWC`` (the wire's, no copy), ``channels_last`` (NCHW shape over NHWC memory,
+    no copy; PyTorch's fast layout for convolutions) or ``NCHW`` (contiguous, a copy). Labels are
+    int64. ``device``: where the tensors go (``None``: the CPU). For a CUDA device the batch is
+    copied into one of two pinned staging buffers allocated once, then to the device without
+    blocking the host; the copy has finished when the batch is yielded. Usable where a
+    ``DataLoader`` is iterated (it has ``len()`` and yields tensors).
+    """
+
+    def __init__(self, stream, layout: str = "NHWC", device=None):
+        from enspipe.plan.errors import require
+
+        require(layout in LAYOUTS, "layout", f"unknown layout {layout!r}", f"choose one of {', '.join(LAYOUTS)}")
+        self.torch = require_framework("torch", "torch")
+        try:
+            self.device = None if device is None else self.torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            from enspipe.plan.errors import ConfigError
+
+            raise ConfigError("device", f"{device!r} is not a torch device ({e})", "pass e.g. 'cuda', 'cuda:0' or "
+                              "'cpu'") from None
+        self.stream, self.layout = stream, layout
+        self._pinned: list = []
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def _host(self, images: np.ndarray, labels: np.ndarray):
+        torch = self.torch
+        x = torch.from_numpy(images)  # a writable view of the batch's private buffer: no copy, no warning
+        if self.layout != "NHWC":
+            x = x.permute(0, 3, 1, 2)  # channels_last: an NCHW view over NHWC memory
+            if self.layout == "NCHW":
+                x = x.contiguous()
+        return x, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
+
+    def _to_device(self, x, y, slot: int):
+        """Through the slot's pinned buffers to the device, without blocking the host."""
+        torch = self.torch
+        if len(self._pinned) <= slot:
+            self._pinned.append((torch.empty(x.shape, dtype=x.dtype, pin_memory=True),
+                                 torch.empty(y.shape, dtype=y.dtype, pin_memory=True)))
+        px, py = self._pinned[slot]
+        if px.shape != x.shape:  # a short last batch (skip mode)
+            px, py = px[: x.shape[0]], py[: y.shape[0]]
+        px.copy_(x)
+        py.copy_(y)
+        done = torch.cuda.Event()
+        gx, gy = px.to(self.device, non_blocking=True), py.to(self.device, non_blocking=True)
+        done.record()
+        return gx, gy, done
+
+    def __iter__(self):
+        on_cuda = self.device is not None and self.device.type == "cuda"
+        ahead = None  # the batch whose copy to the device is in flight
+        for step, (images, labels) in enumerate(self.stream._batches(writable=True)):
+            x, y = self._host(images, labels)
+            if not on_cuda:
+                yield (x, y) if self.device is None else (x.to(self.device), y.to(self.device))
+                continue
+            sent = self._to_device(x, y, step % 2)
+            if ahead is not None:
+                ahead[2].synchronize()
+                yield ahead[0], ahead[1]
+            ahead = sent
+        if ahead is not None:
+            ahead[2].synchronize()
+            yield ahead[0], ahead[1]
+
+
+class JaxBatches:
+    """One epoch of ``(images, labels)`` ``jax.Array`` s on ``device`` (default: JAX's first),
+    each a copy of the batch, never an alias of enspipe's buffers. Labels are int32, or int64
+    where ``jax_enable_x64`` is on.
+
+    Example::
+
+        for images, labels in stream.jax():
+            params, opt_state = train_step(params, opt_state, images, labels)
+    """
+
+    def __init__(self, stream, device=None):
+        self.jax = require_framework("jax", "jax")
+        self.stream, self.device = stream, device
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self):
+        put = self.jax.device_put
+        wide = bool(self.jax.config.read("jax_enable_x64"))
+        for images, labels in self.stream._batches(writable=False):
+            labels = np.array(labels, dtype=np.int64 if wide else np.int32)  # JAX's own integer width
+            yield put(np.array(images), self.device), put(labels, self.device)
