@@ -14,7 +14,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 
-.PHONY: run run-full test test-all bench cell clean-results horovod test-horovod
+.PHONY: run run-full test test-all test-notf bench cell clean-results horovod test-horovod
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ bench: $(STAMP)
 # when present) and run the tests that use it.
 horovod:
 	bash .ci/horovod-venv
+
+# Without TensorFlow: .venv-notf (enspipe with its torch and jax extras; no TensorFlow) runs the
+# pillow backend's, the torch and JAX handoff's and the examples' tests. CI runs it after test-all.
+test-notf:
+	bash .ci/notf-venv
+	.venv-notf/bin/pytest -m "not workflow" tests/test_backend.py tests/test_frameworks.py tests/test_keys.py
 
 test-horovod: horovod
 	.venv-horovod/bin/pytest -v tests/test_horovod.py

@@ -178,3 +178,44 @@ def test_without_tensorflow_the_default_is_pillow_and_tf_is_refused(dataset):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "pillow"
     assert "TensorFlow is not installed here" in r.stdout and "pip install tensorflow-cpu" in r.stdout
+
+
+@pytest.mark.mpi
+def test_the_data_commands_and_a_measured_cell_run_without_tensorflow(tmp_path):
+    """make-dataset, index and `enspipe run` (peak and emulated consumers) where TensorFlow cannot
+    be imported; Keras training and --backend tf say what to install."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import MPIEXEC
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    cli = [sys.executable, os.path.join(here, "without_tf.py"), shutil.which("enspipe", path=os.path.dirname(
+        sys.executable))]
+    data = tmp_path / "d"
+
+    def run(*args, n=None):
+        cmd = [*([MPIEXEC, "-n", str(n)] if n else []), *cli, *map(str, args)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    r = run("make-dataset", "--out", data, "--num-images", 40, "--seed", 2)
+    assert r.returncode == 0, r.stderr[-2000:]
+    made = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").unlink()
+    r = run("index", "--data", data)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((data / "manifest.json").read_text())["digest"] == made["digest"]
+    for consumer in ("peak", "emulated"):
+        out = tmp_path / consumer
+        r = run("run", "--data", data, "--out", out, "--scheme", "all_shared", "--batch-size", 8, "--image-size", 32,
+                "--warmup", 1, "--steps", 5, "--consumer", consumer, *(["--rate", 400] if consumer == "emulated" else []),
+                "--cpu-monitor", "none", n=2)
+        assert r.returncode == 0, r.stderr[-3000:]
+        s = json.loads((out / "summary.json").read_text())
+        assert s["backend"] == "pillow" and s["versions"]["tensorflow"] is None and s["consumer"] == consumer
+        assert s["delivery"]["exactly_once"] and s["delivery"]["skipped_samples"] == 0
+    for args, field in ((("--consumer", "train", "--trainer", "keras"), "--trainer"), (("--backend", "tf"), "--backend")):
+        r = run("run", "--data", data, "--out", tmp_path / "no", *args)
+        assert r.returncode == 2 and f"enspipe: error: {field}: " in r.stderr and "needs TensorFlow" in r.stderr

@@ -4,12 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def validation_set(data, preprocess="inception", image_size: int = 224) -> tuple[np.ndarray, np.ndarray]:
+def validation_set(data, preprocess="inception", image_size: int = 224,
+                   backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """``(images, labels)`` of the small dataset at ``data``, in its canonical order, held in memory.
 
     ``preprocess``: a built-in's name, whose evaluation transform is used (Slim's: a central crop
     and resize, no random distortion), or your function ``fn(image, seed)``, run with seed
-    ``[0, position]``. Each member loads it itself (no collective).
+    ``[0, position]``. ``backend``: as :class:`SharedStream`'s (``auto``: ``tf`` where TensorFlow
+    is installed, else ``pillow``). Each member loads it itself (no collective).
 
     Example::
 
@@ -19,7 +21,6 @@ def validation_set(data, preprocess="inception", image_size: int = 224) -> tuple
     from enspipe.data.validation import load_validation
     from enspipe.plan.stream import StreamConfig
 
-    manifest, preprocessing = StreamConfig(data=data, batch_size=1, preprocess=preprocess,
-                                           image_size=image_size).check()
-    del manifest
-    return load_validation(str(data), preprocessing, image_size)
+    cfg = StreamConfig(data=data, batch_size=1, preprocess=preprocess, image_size=image_size, backend=backend)
+    _, preprocessing = cfg.check()
+    return load_validation(str(data), preprocessing, image_size, cfg.backend)

@@ -52,6 +52,7 @@ SUMMARY: dict[str, str] = {
     "planned": "--scheme auto: the plan's choice of scheme and P, its prediction, the runners-up and the inputs "
                "(null otherwise)",
     "wire_dtype": "element type on the wire", "transport": "mpi4py or horovod",
+    "backend": "preprocessing backend: tf or pillow", "trainer": "the train consumer's framework (keras or torch)",
     "unit_batches": "consecutive global batches a member reads, preprocesses and exchanges at a time "
                     "(--block-images; null for the tf.data service)",
     "members_per_rank": "ensemble members each rank hosts, trained on every batch in one process",

@@ -97,6 +97,20 @@ class RecordReader:
                         "pass --on-corrupt skip to skip and count it")
 
 
+def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int, backend: str = "tf") -> int:
+    """The record shuffle buffer really used. The pillow backend's shuffle is a full permutation
+    (the dataset). TensorFlow's: at most a quarter of the dataset. A shuffle buffer
+    fills before it emits, so one as large as the dataset reads every record of an epoch at the
+    epoch's start; a measured window shorter than a few epochs then counts reading done for
+    images outside it (or misses it). A quarter keeps reading at the stream's pace. JPEG folders
+    shuffle file names, not records, and read only what is kept: their buffer is the dataset."""
+    if backend == "pillow" and shuffle_buffer:
+        return m.num_images
+    if m.kind == "jpeg_folders" or not shuffle_buffer:
+        return shuffle_buffer
+    return max(1, min(shuffle_buffer, m.num_images // 4))
+
+
 def canonical_numbers(counts: list[int]) -> np.ndarray:
     """Record numbers (counted across shards) in the canonical order: tf.data's
     ``interleave(cycle_length=CYCLE, block_length=1)`` of the shards in order."""

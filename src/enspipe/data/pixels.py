@@ -176,7 +176,30 @@ def vgg_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mode: bo
     return np.asarray(im)
 
 
+def inception_eval(encoded: bytes, size: int) -> np.ndarray:
+    """Slim's inception evaluation transform: the central 87.5%, resized (bilinear) -> uint8."""
+    im = open_image(encoded)
+    w0, h0 = im.size
+    dw, dh = w0 * 0.0625, h0 * 0.0625
+    im, box = _drafted(im, (dw, dh, w0 - dw, h0 - dh), size)
+    return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
+
+
+def vgg_eval(encoded: bytes, size: int) -> np.ndarray:
+    """Slim's VGG evaluation transform: the shorter side to 256 (scaled with the size), the
+    central crop -> uint8 (the means are subtracted by :func:`to_wire`)."""
+    im = open_image(encoded)
+    w0, h0 = im.size
+    scale = round(256 * size / 224) / min(w0, h0)
+    nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))
+    left, top = (nw - size) // 2, (nh - size) // 2
+    box = (left * w0 / nw, top * h0 / nh, (left + size) * w0 / nw, (top + size) * h0 / nh)
+    im, box = _drafted(im, box, size)
+    return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
+
+
 PREPROCESSING = {"inception": inception_train, "vgg": vgg_train}
+EVAL_PREPROCESSING = {"inception": inception_eval, "vgg": vgg_eval}
 
 
 def to_wire(name: str, pixels: np.ndarray, wire_dtype: str) -> np.ndarray:

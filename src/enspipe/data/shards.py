@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from enspipe.data.keys import _ID_BUCKETS
 from enspipe.data.manifest import DataError, Manifest
-from enspipe.data.order import read_share
+from enspipe.data.order import effective_shuffle_buffer, read_share
 from enspipe.data.records import CYCLE, header_length, indexed, placeholder, record_format
 
 SLIM_FEATURES = {
@@ -33,17 +33,6 @@ SLIM_FEATURES = {
     "image/format": tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
 }
-
-
-def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int) -> int:
-    """The record shuffle buffer really used: at most a quarter of the dataset. A shuffle buffer
-    fills before it emits, so one as large as the dataset reads every record of an epoch at the
-    epoch's start; a measured window shorter than a few epochs then counts reading done for
-    images outside it (or misses it). A quarter keeps reading at the stream's pace. JPEG folders
-    shuffle file names, not records, and read only what is kept: their buffer is the dataset."""
-    if m.kind == "jpeg_folders" or not shuffle_buffer:
-        return shuffle_buffer
-    return max(1, min(shuffle_buffer, m.num_images // 4))
 
 
 def resilient_records(path, count):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def load_validation(root: str, preprocessing, size: int) -> tuple[np.ndarray, np.ndarray]:
+def load_validation(root: str, preprocessing, size: int, backend: str = "tf") -> tuple[np.ndarray, np.ndarray]:
     """``(images [M, ...], labels int32 [M])`` of the dataset at ``root`` (any format the stream
     reads). ``preprocessing``: a built-in's name (its evaluation transform: ``float32 [M, size,
     size, 3]``) or a :class:`~enspipe.data.preprocessing.UserPreprocess` (its function, seed
-    ``[0, position]``)."""
+    ``[0, position]``). ``backend``: ``tf`` or ``pillow`` (:mod:`enspipe.data.pixels`, built-ins)."""
+    if backend == "pillow":
+        return _load_without_tensorflow(root, preprocessing, size)
     import tensorflow as tf
 
     from enspipe.data.preprocessing import EVAL_PREPROCESSING, UserPreprocess, decode
@@ -29,4 +31,19 @@ def load_validation(root: str, preprocessing, size: int) -> tuple[np.ndarray, np
             return evaluate(decode(encoded), size)
     ds = tf.data.Dataset.from_tensor_slices((list(samples["encoded"]), samples["position"])).map(one).batch(64)
     images = np.concatenate([x.numpy() for x in without_autotune(ds)])
+    return images, np.asarray(samples["label"]).astype(np.int32)
+
+
+def _load_without_tensorflow(root: str, name: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    from enspipe.data import pixels
+    from enspipe.data.build import load_manifest
+    from enspipe.data.order import NumpyOrder, read_share
+    from enspipe.data.parse import resolve
+    from enspipe.data.records import record_format
+
+    m = load_manifest(root)
+    n = m.num_images
+    samples = next(read_share(m, NumpyOrder(m, 0, 0), resolve(record_format(m)), False, n, 0, n))
+    evaluate = pixels.EVAL_PREPROCESSING[name]
+    images = np.stack([pixels.to_wire(name, evaluate(e, size), "float32") for e in samples["encoded"]])
     return images, np.asarray(samples["label"]).astype(np.int32)

@@ -22,8 +22,10 @@ from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, choices_of
                                   numbers, option, positive_int, rank_factor, unwritable)
 from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
+from enspipe.plan.stream import BACKENDS, tensorflow_installed
 
 CONSUMERS = ("train", "emulated", "peak")
+TRAINERS = ("auto", "keras", "torch")
 SCHEMES = tuple(SCHEME_KINDS) + (AUTO,)  # the scheme registry's names, in its order, and the planner's choice
 WIRE_DTYPES = ("float32", "uint8")
 TRANSPORTS = ("mpi4py", "horovod")
@@ -64,6 +66,9 @@ class StreamOptions:
                             "(the build of `make horovod`)", choices=TRANSPORTS)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
+    backend: str = option("auto", "preprocessing backend: tf (tf.data and Slim's TensorFlow ops) or pillow (Pillow "
+                          "and numpy, no TensorFlow); auto: tf where TensorFlow is installed", choices=("auto",
+                                                                                                       *BACKENDS))
     malloc: str = option("keep", "keep: malloc reuses freed images' pages instead of faulting fresh ones in; "
                          "system: malloc as the environment set it", choices=MALLOC_POLICIES)
     plan_comm: str | None = option(None, "--scheme auto and --gradient-exchange prophet: enspipe calibrate-comm's "
@@ -99,6 +104,9 @@ class TrainingOptions:
     consumer: str = option("peak", "train: real SGD steps; emulated: an accelerator stand-in that waits "
                            "batch/--rate seconds without using CPU; peak: dequeue as fast as possible",
                            choices=CONSUMERS)
+    trainer: str = option("auto", "the train consumer's framework: keras (TensorFlow) or torch (PyTorch, the "
+                          "paper's networks in torch.nn, or your factory returning a torch.nn.Module); auto: keras "
+                          "where TensorFlow is installed, else torch", choices=TRAINERS)
     rate: float | None = option(None, "the emulated accelerator's rate rc in images/s (emulated only)", parse=float)
     lrs: tuple[float, ...] = option((0.01,), "learning rates; member m uses the (m mod k)-th (members differ in "
                                     "learning rate and initialisation seed, as in the paper)",
@@ -127,18 +135,6 @@ class TrainingOptions:
         None, "RANK:FACTOR: member RANK's emulated accelerators are FACTOR times slower than the others' "
         "(emulated only): enspipe's members keep lockstep at its pace, the tf.data service lets the others "
         "run ahead and it skip", parse=rank_factor, metavar="RANK:FACTOR")
-    gradient_exchange: str = option(
-        "whole", "how a data-parallel member's ranks sum gradients: whole (one all-reduce after backpropagation), "
-        "blocks (blocks of layers all-reduced while it goes on), prophet (Prophet's blocks and order from "
-        "--gradient-profile; the next forward starts on the first layers' sums), ako (Ako's partial exchange: "
-        "the replicas differ, off by default)", choices=EXCHANGES)
-    gradient_block_mb: float = option(4.0, "blocks: a block's size in MB", parse=float, metavar="MB")
-    gradient_profile: str | None = option(
-        None, "prophet: `enspipe profile`'s JSON of the member's network (its layers' gradient sizes and times)")
-    ako_partitions: int | None = option(
-        None, "ako: the gradient's partitions, one sent a step (a multiple of each data-parallel member's ranks)",
-        parse=positive_int, metavar="P")
-
     def __post_init__(self) -> None:
         check_choices(self)
         from enspipe.models.networks import name_problem
@@ -166,38 +162,6 @@ class TrainingOptions:
                  f"{list(self.member_batch_multipliers or ())}", "pass e.g. 1,2,4")
         _require(math.isfinite(self.scaling_efficiency) and 0 < self.scaling_efficiency <= 1, "scaling_efficiency",
                  f"must be in (0, 1], got {self.scaling_efficiency}", "pass e.g. 0.9 (1.0: linear)")
-        self._check_exchange()
-
-    def _check_exchange(self) -> None:
-        """``--gradient-exchange`` and its options: for trained members on several ranks."""
-        x = self.gradient_exchange
-        _require(math.isfinite(self.gradient_block_mb) and self.gradient_block_mb > 0, "gradient_block_mb",
-                 f"must be a finite size > 0, got {self.gradient_block_mb}", "pass e.g. 4")
-        for name, mode in (("gradient_profile", "prophet"), ("ako_partitions", "ako")):
-            _require(getattr(self, name) is None or x == mode, name, f"is for --gradient-exchange {mode}, not {x}",
-                     f"leave --{name.replace('_', '-')} out, or pass --gradient-exchange {mode}")
-        if x == "whole":
-            return
-        _require(self.consumer == "train", "gradient_exchange", f"{x} exchanges gradients; the {self.consumer} "
-                 "consumer has none", "pass --consumer train, or leave --gradient-exchange out")
-        _require(max(self.data_parallel) > 1, "gradient_exchange", f"{x} exchanges a member's gradients among its "
-                 "ranks, and every member is on one rank", "pass --data-parallel 2 (or more), or leave "
-                 "--gradient-exchange out")
-        _require(self.member_batch_multipliers is None or max(self.member_batch_multipliers) == 1,
-                 "gradient_exchange", f"{x} applies each batch's gradient as it is summed, and a batch multiplier "
-                 "accumulates several", "leave --member-batch-multipliers out, or use --gradient-exchange whole")
-        _require(x != "prophet" or self.gradient_profile is not None, "gradient_profile", "prophet plans its blocks "
-                 "from the network's layers' gradient sizes and times", "pass --gradient-profile FILE (enspipe "
-                 "profile --network N ... writes it)")
-        if x == "ako":
-            widths = sorted({g for g in self.data_parallel if g > 1})
-            p = self.ako_partitions
-            _require(p is not None, "ako_partitions", "ako sends one of P partitions of the gradient a step",
-                     f"pass --ako-partitions P, a multiple of {math.lcm(*widths)} (e.g. {2 * math.lcm(*widths)})")
-            _require(all(p % g == 0 for g in widths), "ako_partitions",
-                     f"{p} partitions do not fit a member of {widths} ranks (each rank sends its own partition "
-                     "a step, the ranks evenly apart)", f"pass a multiple of {math.lcm(*widths)}, e.g. "
-                     f"--ako-partitions {2 * math.lcm(*widths)}")
 
     def _check_rates(self) -> None:
         """The emulated accelerators' rates: ``--rate``, ``--member-rates`` and ``--slow-member``."""
@@ -221,6 +185,34 @@ class TrainingOptions:
                      f"{self.consumer}", "pass --consumer emulated --rate R, or leave --slow-member out")
             _require(rank >= 0 and math.isfinite(factor) and factor >= 1, "slow_member",
                      f"needs RANK >= 0 and FACTOR >= 1, got {rank}:{factor}", "pass e.g. --slow-member 1:3")
+
+
+@dataclass(frozen=True)
+class GradientOptions:
+    """How a trained data-parallel member's ranks sum their gradients (checked against the training
+    by :meth:`RunConfig._check_exchange`)."""
+
+    gradient_exchange: str = option(
+        "whole", "how a data-parallel member's ranks sum gradients: whole (one all-reduce after backpropagation), "
+        "blocks (blocks of layers all-reduced while it goes on), prophet (Prophet's blocks and order from "
+        "--gradient-profile; the next forward starts on the first layers' sums), ako (Ako's partial exchange: "
+        "the replicas differ, off by default)", choices=EXCHANGES)
+    gradient_block_mb: float = option(4.0, "blocks: a block's size in MB", parse=float, metavar="MB")
+    gradient_profile: str | None = option(
+        None, "prophet: `enspipe profile`'s JSON of the member's network (its layers' gradient sizes and times)")
+    ako_partitions: int | None = option(
+        None, "ako: the gradient's partitions, one sent a step (a multiple of each data-parallel member's ranks)",
+        parse=positive_int, metavar="P")
+
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        _require(math.isfinite(self.gradient_block_mb) and self.gradient_block_mb > 0, "gradient_block_mb",
+                 f"must be a finite size > 0, got {self.gradient_block_mb}", "pass e.g. 4")
+        for name, mode in (("gradient_profile", "prophet"), ("ako_partitions", "ako")):
+            _require(getattr(self, name) is None or self.gradient_exchange == mode, name, f"is for "
+                     f"--gradient-exchange {mode}, not {self.gradient_exchange}",
+                     f"leave --{name.replace('_', '-')} out, or pass --gradient-exchange {mode}")
 
 
 @dataclass(frozen=True)
@@ -379,7 +371,7 @@ class ServiceOptions:
 
 
 # The concerns, in the order ``enspipe run -h`` shows them: RunConfig's field name -> its config.
-CONCERNS = {"stream": StreamOptions, "training": TrainingOptions, "lives": MemberLives,
+CONCERNS = {"stream": StreamOptions, "training": TrainingOptions, "gradients": GradientOptions, "lives": MemberLives,
             "measure": MeasureOptions, "energy": PowerOptions, "faults": FaultOptions, "service": ServiceOptions}
 
 
@@ -405,6 +397,7 @@ class RunConfig:
                       "nothing else (the grid varies --seed per repeat)", parse=positive_int)
     stream: StreamOptions = field(default_factory=StreamOptions)
     training: TrainingOptions = field(default_factory=TrainingOptions)
+    gradients: GradientOptions = field(default_factory=GradientOptions)
     lives: MemberLives = field(default_factory=MemberLives)
     measure: MeasureOptions = field(default_factory=MeasureOptions)
     energy: PowerOptions = field(default_factory=PowerOptions)
@@ -442,14 +435,15 @@ class RunConfig:
         machine is looked at: that is :meth:`check`)."""
         _require(bool(self.data), "data", "no dataset given", "pass --data DIR (see `enspipe make-dataset`)")
         _require(bool(self.out), "out", "no output directory given", "pass --out DIR")
-        s, t, lives = self.stream, self.training, self.lives
+        s, t, lives, x = self.stream, self.training, self.lives, self.gradients.gradient_exchange
         # (an auto cell's config after the plan chose its scheme keeps the file it planned with)
         _require(s.scheme == AUTO or s.plan_comm is None or self.planned is not None or
-                 t.gradient_exchange == "prophet", "plan_comm", f"is for --scheme auto or --gradient-exchange "
-                 f"prophet, not {s.scheme} with {t.gradient_exchange}", "leave --plan-comm out")
-        _require(t.gradient_exchange == "whole" or s.transport == "mpi4py", "gradient_exchange",
-                 f"{t.gradient_exchange} runs on the member's MPI communicator; Horovod's process set sums the whole "
+                 x == "prophet", "plan_comm", f"is for --scheme auto or --gradient-exchange "
+                 f"prophet, not {s.scheme} with {x}", "leave --plan-comm out")
+        _require(x == "whole" or s.transport == "mpi4py", "gradient_exchange",
+                 f"{x} runs on the member's MPI communicator; Horovod's process set sums the whole "
                  "gradient", "leave --gradient-exchange out with --transport horovod")
+        self._check_exchange()
         if max(t.data_parallel) > 1:
             _require(not _service(s.scheme), "data_parallel", "the tf.data service gives each rank its own stream, "
                      "so a member's ranks would not split one batch",
@@ -518,7 +512,7 @@ class RunConfig:
                 _check_dataset(name, path)
         if t.consumer == "train":
             self._probe_networks()
-        if t.gradient_profile is not None:
+        if self.gradients.gradient_profile is not None:
             self._check_gradient_profile()
         for name, path in (("checkpoint_dir", self.lives.checkpoint_dir), ("out", self.out)):
             problem = unwritable(path) if path is not None else None
@@ -544,7 +538,7 @@ class RunConfig:
         """Prophet's profile: ``enspipe profile``'s JSON, with layers, of the network the members train."""
         import json
 
-        path, t = self.training.gradient_profile, self.training
+        path, t = self.gradients.gradient_profile, self.training
         fix = f"measure it: enspipe profile --network {t.network} --data DIR --image-size {self.stream.image_size}"
         try:
             with open(path) as f:
@@ -560,7 +554,21 @@ class RunConfig:
                  f"{record.get('image_size')} px, and the members train at {self.stream.image_size}", fix)
 
     def _check_machine(self) -> None:
-        """Horovod and mpstat, where the options ask for them."""
+        """TensorFlow, Horovod and mpstat, where the options ask for them."""
+        if not tensorflow_installed():
+            needs = [(name, what) for name, what, yes in (
+                ("backend", "--backend tf", self.stream.backend == "tf"),
+                ("trainer", "the Keras train consumer", self.trainer == "keras"),
+                ("scheme", "the tf.data service", _service(self.stream.scheme)),
+                ("transport", "Horovod", self.stream.transport == "horovod")) if yes]
+            _require(not needs, needs[0][0] if needs else "backend", f"{needs[0][1] if needs else ''} needs "
+                     "TensorFlow, which is not installed here", "pip install 'enspipe[tf]', or run --backend pillow "
+                     "with --consumer peak or emulated")
+        if self.trainer == "torch":
+            self._check_torch_training()
+        _require(not (_service(self.stream.scheme) and self.backend == "pillow"), "backend", "the tf.data service "
+                 "runs TensorFlow's preprocessing graph in its workers", "leave --backend out (tf) for "
+                 "--scheme tfdata_service")
         if self.stream.transport == "horovod":
             import importlib.util
 
@@ -572,14 +580,83 @@ class RunConfig:
             _require(shutil.which("mpstat") is not None, "cpu_monitor", "mpstat is not installed",
                      "install sysstat (apt-get install sysstat), or pass --cpu-monitor auto or psutil")
 
+    def _check_exchange(self) -> None:
+        """``--gradient-exchange`` against the training: for trained members on several ranks."""
+        g, t = self.gradients, self.training
+        x = g.gradient_exchange
+        if x == "whole":
+            return
+        _require(t.consumer == "train", "gradient_exchange", f"{x} exchanges gradients; the {t.consumer} "
+                 "consumer has none", "pass --consumer train, or leave --gradient-exchange out")
+        _require(max(t.data_parallel) > 1, "gradient_exchange", f"{x} exchanges a member's gradients among its "
+                 "ranks, and every member is on one rank", "pass --data-parallel 2 (or more), or leave "
+                 "--gradient-exchange out")
+        _require(t.member_batch_multipliers is None or max(t.member_batch_multipliers) == 1,
+                 "gradient_exchange", f"{x} applies each batch's gradient as it is summed, and a batch multiplier "
+                 "accumulates several", "leave --member-batch-multipliers out, or use --gradient-exchange whole")
+        _require(x != "prophet" or g.gradient_profile is not None, "gradient_profile", "prophet plans its blocks "
+                 "from the network's layers' gradient sizes and times", "pass --gradient-profile FILE (enspipe "
+                 "profile --network N ... writes it)")
+        if x == "ako":
+            widths = sorted({w for w in t.data_parallel if w > 1})
+            p = g.ako_partitions
+            _require(p is not None, "ako_partitions", "ako sends one of P partitions of the gradient a step",
+                     f"pass --ako-partitions P, a multiple of {math.lcm(*widths)} (e.g. {2 * math.lcm(*widths)})")
+            _require(all(p % w == 0 for w in widths), "ako_partitions",
+                     f"{p} partitions do not fit a member of {widths} ranks (each rank sends its own partition "
+                     "a step, the ranks evenly apart)", f"pass a multiple of {math.lcm(*widths)}, e.g. "
+                     f"--ako-partitions {2 * math.lcm(*widths)}")
+
+    def _check_torch_training(self) -> None:
+        """The torch train consumer: PyTorch importable, one rank per member, what it supports."""
+        import importlib.util
+
+        from enspipe.models.torch_architectures import TORCH_NETWORKS
+
+        t, fix = self.training, "use --trainer keras (TensorFlow) for it"
+        _require(importlib.util.find_spec("torch") is not None, "trainer", "PyTorch is not installed here" + (
+                 "" if tensorflow_installed() else ", nor TensorFlow (--trainer keras)"), "pip install 'enspipe[torch]'"
+                 + ("" if tensorflow_installed() else " or 'enspipe[tf]'") + ", or run --consumer peak or emulated")
+        for net in t.member_networks or (t.network,):
+            _require(net in TORCH_NETWORKS or ":" in net, "network", f"{net!r} has no torch definition (torch "
+                     f"has {', '.join(TORCH_NETWORKS)})", "name one of those, or your factory as "
+                     "package.module:function returning a torch.nn.Module")
+        _require(max(t.data_parallel) == 1, "data_parallel", "the torch trainer trains one rank per member", fix)
+        _require(t.members_per_rank == 1 and not t.member_batch_multipliers, "members_per_rank", "the torch "
+                 "trainer takes one member per rank and one batch per update", fix)
+        _require(self.lives.checkpoint_dir is None, "checkpoint_dir", "the torch trainer does not checkpoint "
+                 "its members", fix)
+
     @property
     def gradient_spec(self):
         """The data-parallel members' gradient exchange (:class:`enspipe.plan.gradients.ExchangeSpec`)."""
         from enspipe.plan.gradients import ExchangeSpec
 
-        t = self.training
-        return ExchangeSpec(t.gradient_exchange, t.gradient_block_mb * 2**20, t.gradient_profile,
-                            self.stream.plan_comm, t.ako_partitions)
+        g = self.gradients
+        return ExchangeSpec(g.gradient_exchange, g.gradient_block_mb * 2**20, g.gradient_profile,
+                            self.stream.plan_comm, g.ako_partitions)
+
+    @property
+    def backend(self) -> str:
+        """The preprocessing backend the cell runs (``auto`` resolved here)."""
+        if self.stream.backend != "auto":
+            return self.stream.backend
+        return "tf" if tensorflow_installed() else "pillow"
+
+    @property
+    def trainer(self) -> str | None:
+        """The train consumer's framework (``auto`` resolved here); None for the other consumers."""
+        if self.training.consumer != "train":
+            return None
+        if self.training.trainer != "auto":
+            return self.training.trainer
+        return "keras" if tensorflow_installed() else "torch"
+
+    @property
+    def needs_tensorflow(self) -> bool:
+        """Whether a rank of this cell runs TensorFlow (its backend, Keras training, the service, Horovod)."""
+        return (self.backend == "tf" or self.trainer == "keras" or _service(self.stream.scheme)
+                or self.stream.transport == "horovod")
 
     @property
     def global_batch(self) -> int:
@@ -598,7 +675,7 @@ class RunConfig:
                             shuffle_buffer=s.shuffle_buffer, queue_depth=s.queue_depth,
                             block_images=s.block_images, node_shm=s.node_shm, transport=s.transport,
                             wire_dtype=s.wire_dtype, fast_mode=s.fast_mode, skip_corrupt=self.faults.skip_corrupt,
-                            sample_interval=self.measure.sample_interval)
+                            sample_interval=self.measure.sample_interval, backend=self.backend)
 
     def member_ranks(self, n: int) -> list[range]:
         """Each member's ranks among ``n`` (consecutive; ``data_parallel`` per member); raises

@@ -1,7 +1,8 @@
 """What consumes the compute queue: real training, an emulated accelerator, or nothing (peak).
 
 ``train``: SGD steps of the network with the member's learning rate and initialisation seed, on
-a GPU when TensorFlow sees one, else on the CPU. ``emulated``: a stand-in for an accelerator on
+a GPU when TensorFlow sees one, else on the CPU (Keras; ``--trainer torch``: PyTorch,
+:mod:`enspipe.run.torch_train`). ``emulated``: a stand-in for an accelerator on
 machines without one; it waits batch/rate seconds per step without using CPU, and every output
 of such a run says ``emulated``. ``peak``: dequeues as fast as possible (the paper's peak(n)).
 
@@ -268,6 +269,13 @@ def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=Non
         return PeakConsumer()
     if cfg.training.consumer == "emulated":  # its rc, --slow-member's slowdown, the efficiency at its width
         return EmulatedConsumer(cfg.accelerator_rate(member, 1 if group is None else group.Get_size()), group)
+    if cfg.trainer == "torch":  # one rank per member (the config refuses the rest)
+        from enspipe.models.networks import network_spec
+        from enspipe.run.torch_train import TorchTrainConsumer
+
+        wire = (network_spec(cfg.training.network).preprocessing, cfg.stream.wire_dtype)  # the stream's
+        return TorchTrainConsumer(cfg.network_for(member), num_classes, cfg.stream.image_size, cfg.lr_for(member),
+                                  seed=cfg.stream.seed * 1000 + member, wire=wire)
     return TrainConsumer(cfg.network_for(member), num_classes, cfg.stream.image_size, cfg.lr_for(member),
                          seed=cfg.stream.seed * 1000 + member, dequantize=dequantize, group=group,
                          batches_per_update=cfg.batch_multiplier_for(member), gradient_sum=gradient_sum,

@@ -94,8 +94,9 @@ def _placed(cfg: RunConfig, comm):
     monitor = start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
     affinity = pin_process(where.cores)
     malloc = set_malloc(cfg.stream.malloc)  # before TensorFlow allocates
-    import_tensorflow(trains=cfg.training.consumer == "train")  # after the pools' sizes are known
-    configure_tensorflow_threads(where.threads, waiting=cfg.gradient_spec.waiting_threads)
+    if cfg.needs_tensorflow:
+        import_tensorflow(trains=cfg.training.consumer == "train")  # after the pools' sizes are known
+        configure_tensorflow_threads(where.threads, waiting=cfg.gradient_spec.waiting_threads)
     phases.mark("tensorflow")
     return where, scheme, monitor, affinity, malloc
 
@@ -219,7 +220,8 @@ def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) 
     if cfg.lives.validation_data and cfg.training.consumer == "train":
         from enspipe.data.validation import load_validation
 
-        validation = load_validation(cfg.lives.validation_data, preprocessing, cfg.stream.image_size)
+        validation = load_validation(cfg.lives.validation_data, preprocessing, cfg.stream.image_size,
+                                     cfg.backend)
     writer = cfg.lives.checkpoint_dir is not None and rank == cfg.member_ranks(comm.Get_size())[m][0]
     return Life(cfg.lives.checkpoint_dir if writer else None, state, validation, cfg.patience_for(m),
                 cfg.lives.min_delta, epoch_images)

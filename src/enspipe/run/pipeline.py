@@ -55,11 +55,11 @@ class PipelineFailed(RuntimeError):
 
 def quantizer(preprocessing: str):
     """(quantize, dequantize) for the uint8 wire: lossy by (range)/255 per value."""
-    import tensorflow as tf
-
     lo, hi = OUTPUT_RANGE[preprocessing]
 
     def quantize(x):
+        import tensorflow as tf
+
         return tf.cast(tf.math.round(tf.clip_by_value((x - lo) / (hi - lo), 0.0, 1.0) * 255.0), tf.uint8)
 
     def dequantize(q):

@@ -151,10 +151,9 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
              warm: "Warmup") -> dict:
     """The cell's summary (rank 0): its identity and settings, the ranks' reports, the nodes'
     CPU and energy over the job's window; also writes the cell's cpu.csv and power.csv."""
-    import tensorflow as tf
     from mpi4py import MPI
 
-    from enspipe.data.shards import effective_shuffle_buffer
+    from enspipe.data.order import effective_shuffle_buffer
     from enspipe.measure import cpumon, stages
     from enspipe.measure.node import job_fields, write_power_table
 
@@ -177,7 +176,8 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "accelerator": "emulated" if t.consumer == "emulated" else ("none" if t.consumer == "peak" else "measured"),
         "rate": t.rate, "rate_source": cfg.rate_source, "batch_size": cfg.global_batch, "steps": m.steps,
         "warmup": m.warmup, "cores": m.cores, "image_size": cfg.stream.image_size, "scheme": scheme.name, "n": n,
-        "p": scheme.p, "wire_dtype": cfg.stream.wire_dtype, "transport": job.transport.name,
+        "p": scheme.p, "wire_dtype": cfg.stream.wire_dtype, "transport": job.transport.name, "backend": cfg.backend,
+        "trainer": cfg.trainer,
         "unit_batches": None if scheme.service else job.pipeline.unit,  # batches per read/preprocess/exchange
         "malloc": job.malloc,  # how the members' malloc returned freed images (--malloc)
         "members_per_rank": cfg.training.members_per_rank,
@@ -186,7 +186,7 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "preprocessing": job.preprocessing, "fast_mode": cfg.stream.fast_mode, "seed": cfg.stream.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
-                    "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer),
+                    "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer, cfg.backend),
                     "accounting": manifest.accounting},
         "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
         "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
@@ -197,11 +197,11 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "placement": job.where.as_dict(),
         **measured,
         "ranks": reports,
-        "machine": machine(tf),
+        "machine": machine(),
         "slurm": {k.lower()[6:]: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS",
                                                           "SLURM_CPUS_PER_TASK", "SLURM_JOB_PARTITION")
                   if k in os.environ} or None,
-        "versions": {"enspipe": version(), "tensorflow": tf.__version__, "python": platform.python_version(),
+        "versions": {"enspipe": version(), "tensorflow": _tf_version(), "python": platform.python_version(),
                      "mpi": MPI.Get_library_version().splitlines()[0].strip()},
         "finished": time.time(),
     }
@@ -258,12 +258,13 @@ def window_summary(scheme, reports: list[dict], warm: "Warmup") -> dict:
             "starved_fraction": float(np.mean([r["starved_fraction"] for r in reports]))}
 
 
-def machine(tf) -> dict:
+def machine() -> dict:
     """What the numbers were measured on (rank 0's node)."""
     from enspipe.measure.node import cpu_model
 
-    gpus = [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
-            for d in tf.config.list_physical_devices("GPU")]
+    tf = sys.modules.get("tensorflow")  # a cell without TensorFlow: its consumers name their devices
+    gpus = [] if tf is None else [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
+                                  for d in tf.config.list_physical_devices("GPU")]
     return {"node": platform.node(), "cpu_model": cpu_model(), "cpus": os.cpu_count(),
             "gpus": f"{len(gpus)}x {gpus[0]}" if gpus else None}
 
@@ -279,3 +280,9 @@ def version() -> str:
     from enspipe import __version__
 
     return __version__
+
+
+def _tf_version() -> str | None:
+    """TensorFlow's version where this process imported it (None: the cell ran without it)."""
+    tf = sys.modules.get("tensorflow")
+    return None if tf is None else tf.__version__
