@@ -1,0 +1,225 @@
+"""Three PyTorch models trained three ways, side by side, with no TensorFlow: enspipe's shared
+stream on the pillow backend, each member's own ``torch.utils.data.DataLoader`` (the status quo),
+and TensorSocket (one producer, three consumers).
+
+    python benchmarks/torch_ways.py [--epochs 2] [--images 512] [--image-size 224] [--repeats 3]
+
+Every way trains the same three cheap models (an 8 x 8 average pool, then an MLP of width 32, 64
+or 128: the input pipeline matters, as it does beside a GPU) for ``--epochs`` epochs of the same
+synthetic dataset, batch 32, with the same augmentation (enspipe's pillow ``inception``: random
+crop, flip, colour distortion) and uint8 batches:
+
+* ``enspipe``: ``mpiexec -n 3``; ``SharedStream(scheme="all_shared", backend="pillow").torch()``:
+  each member preprocesses a third of every batch and all-gathers;
+* ``own DataLoader``: ``mpiexec -n 3`` (MPI unused); each member's ``DataLoader`` with its share of
+  the cores as worker processes reads the records and preprocesses every image itself;
+* ``TensorSocket``: ``mpiexec -n 4`` (MPI unused): rank 0 runs one such ``DataLoader`` inside a
+  ``TensorProducer`` with all the cores' workers, ranks 1-3 train from ``TensorConsumer`` s.
+
+It prints, per way, the job's wall time (launch to exit), the training loops' time (the slowest
+member's), the CPU of every process of the job (user + system, their worker processes included)
+and the images/s per member, as the median (min-max) of the repeats, the ways interleaved and
+counterbalanced within the repeats, with each way's ratio to enspipe paired per repeat. A way
+that cannot run here gets a row that says why.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+from cells import MPIEXEC, dataset, schedule, spread
+
+WAYS = ("enspipe", "own DataLoader", "TensorSocket")
+ONLY = os.environ.get("TORCH_WAYS_ONLY")  # a way's name: run that one alone (a check while changing it)
+WIDTHS = (32, 64, 128)
+PORTS = (5761, 5762, (5763, 5764))  # TensorSocket's data, acknowledgement and heartbeat ports
+
+
+def model(width: int, num_classes: int):
+    import torch.nn as nn
+
+    return nn.Sequential(nn.AdaptiveAvgPool2d(8), nn.Flatten(), nn.Linear(3 * 64, width), nn.ReLU(),
+                         nn.Linear(width, num_classes))
+
+
+class Records:
+    """A map-style ``torch`` dataset over the manifest's records: each item read by its offset,
+    parsed, and augmented as the pillow backend augments it (seeded per epoch and index)."""
+
+    def __init__(self, data: str, size: int, seed: int):
+        from enspipe.data.build import load_manifest
+
+        self.m, self.size, self.seed, self.epoch, self._reader = load_manifest(data), size, seed, 0, None
+        self.numbers = [(s, r) for s, c in enumerate(self.m.counts) for r in range(c)]
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        from enspipe.data import pixels
+        from enspipe.data.order import RecordReader
+        from enspipe.data.records import parse_slim
+
+        if self._reader is None:  # one per worker process
+            self._reader = RecordReader(self.m, False)
+        encoded, label = parse_slim(self._reader.read(*self.numbers[i]))
+        image = pixels.inception_train(encoded, self.size, pixels.generator(self.seed, self.epoch * len(self) + i))
+        return torch.from_numpy(image.copy()), label
+
+
+def _loader(data: str, batch: int, size: int, seed: int, workers: int):
+    import torch
+
+    return torch.utils.data.DataLoader(Records(data, size, seed), batch_size=batch, shuffle=True, drop_last=True,
+                                       num_workers=workers, persistent_workers=workers > 0,
+                                       generator=torch.Generator().manual_seed(seed))
+
+
+def _train(batches, net, optimizer) -> int:
+    import torch
+
+    seen = 0
+    for images, labels in batches:
+        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        loss = torch.nn.functional.cross_entropy(net(x), labels.long())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        seen += len(labels)
+    return seen
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One process of one way: train its model for the epochs (or produce), write its numbers."""
+    import torch
+    from mpi4py import MPI
+
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    cores = os.cpu_count() or 1
+    stream = producer = None
+    if a.way == "TensorSocket" and rank == 0:
+        from tensorsocket.producer import TensorProducer
+
+        producer = TensorProducer(_loader(a.data, a.batch_size, a.image_size, 0, cores), *PORTS[:2],
+                                  heart_ports=PORTS[2], rubber_band_pct=0.5, producer_batch_size=1)
+        t0 = time.perf_counter()
+        try:
+            for _ in range(a.epochs):
+                for _ in producer:
+                    pass
+            producer.join()
+        except Exception as e:  # noqa: BLE001 - its consumers would wait for ever: say why, end the job
+            print(f"torch_ways: the TensorSocket producer failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            comm.Abort(1)
+        return _write(a, rank, time.perf_counter() - t0, 0)
+    member = rank - 1 if a.way == "TensorSocket" else rank
+    torch.manual_seed(member)
+    if a.way == "enspipe":
+        import enspipe
+
+        stream = enspipe.SharedStream(a.data, a.batch_size, scheme="all_shared", image_size=a.image_size,
+                                      wire_dtype="uint8", backend="pillow")
+        classes = stream.num_classes
+    else:
+        from enspipe.data.build import load_manifest
+
+        classes = load_manifest(a.data).num_classes
+    net = model(WIDTHS[member % len(WIDTHS)], classes)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    t0, seen = time.perf_counter(), 0
+    if a.way == "enspipe":
+        for _ in range(a.epochs):
+            seen += _train(stream.torch(), net, optimizer)
+        stream.close()
+    elif a.way == "own DataLoader":
+        loader = _loader(a.data, a.batch_size, a.image_size, member, max(1, cores // n))
+        for epoch in range(a.epochs):
+            loader.dataset.epoch = epoch
+            seen += _train(loader, net, optimizer)
+        del loader  # its worker processes exit: their CPU is counted as this process's children's
+    else:
+        from tensorsocket.consumer import TensorConsumer
+
+        consumer = TensorConsumer(*PORTS[:2], heart_ports=PORTS[2], batch_size=a.batch_size)
+        for _ in range(a.epochs):
+            seen += _train(consumer, net, optimizer)
+    _write(a, rank, time.perf_counter() - t0, seen)
+
+
+def _write(a, rank: int, seconds: float, seen: int) -> None:
+    cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+    with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"seconds": seconds, "cpu_seconds": cpu, "images": seen}, f)
+
+
+def way(a: argparse.Namespace, name: str) -> dict:
+    n = 4 if name == "TensorSocket" else 3
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [MPIEXEC, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out,
+               "--data", a.data, "--epochs", str(a.epochs), "--image-size", str(a.image_size),
+               "--batch-size", str(a.batch_size)]
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            return {"failed": f"did not finish in {a.timeout} s"}
+        wall = time.perf_counter() - t0
+        if r.returncode != 0:
+            said = [x for x in r.stderr.splitlines() if x.startswith("torch_ways:")] or r.stderr.strip().splitlines()
+            return {"failed": f"exit {r.returncode}: {said[-1][:200] if said else ''}"}
+        ranks = [json.load(open(os.path.join(out, f"rank{k}.json"))) for k in range(n)]
+    members = [x for x in ranks if x["images"]]
+    return {"wall": wall, "train": max(x["seconds"] for x in members), "cpu": sum(x["cpu_seconds"] for x in ranks),
+            "rate": min(x["images"] / x["seconds"] for x in members)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--images", type=int, default=512, help="the synthetic dataset's size")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds a way may run")
+    ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=WAYS, default=None, dest="way", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.way:
+        return worker(a)
+    a.data = dataset(a.images)
+    got: dict[str, list] = {w: [None] * a.repeats for w in WAYS}
+    for rep, name in schedule([w for w in WAYS if not ONLY or w == ONLY], a.repeats):
+        got[name][rep] = g = way(a, name)
+        print(f"repeat {rep} {name}: {g}", flush=True)
+    print(f"\nthree members (pooled MLPs of width {', '.join(map(str, WIDTHS))}), {a.epochs} epochs of {a.images} "
+          f"images, batch {a.batch_size}, {a.image_size} px, uint8, {os.cpu_count()} cores, {a.repeats} repeats, "
+          "median (min-max)\n")
+    print("| way | job wall s | training s | CPU s, all processes | img/s per member | CPU vs enspipe | "
+          "wall vs enspipe |\n|---|---|---|---|---|---|---|")
+    base = got["enspipe"]
+    for name in (w for w in WAYS if got[w][0] is not None):
+        rows = got[name]
+        failed = next((r["failed"] for r in rows if "failed" in r), None)
+        if failed or any("failed" in b for b in base):
+            print(f"| {name} | could not run here: {failed or 'enspipe failed'} | | | | | |")
+            continue
+        print(f"| {name} | {spread([r['wall'] for r in rows], 1, 1)} | {spread([r['train'] for r in rows], 1, 1)} | "
+              f"{spread([r['cpu'] for r in rows], 1, 1)} | {spread([r['rate'] for r in rows], 1, 0)} | "
+              f"{spread([r['cpu'] / b['cpu'] for r, b in zip(rows, base)])} | "
+              f"{spread([r['wall'] / b['wall'] for r, b in zip(rows, base)])} |")
+
+
+if __name__ == "__main__":
+    main()
