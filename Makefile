@@ -6,6 +6,8 @@
 #                  with one short end-to-end workflow run)
 #   make test-all  every test: also the long end-to-end runs (the test grid's workflow, Slurm where
 #                  a cluster is up, Horovod where .venv-horovod exists) and the whole MPI matrix (CI)
+#   make test-notf set up .venv-notf (enspipe with torch and JAX, no TensorFlow) and run the tests of
+#                  enspipe without TensorFlow there (CI runs it after test-all)
 # and one to rerun a single cell of the default grid by its name (see `snakemake -n`):
 #   make cell CELL=alexnet_v2/all_shared/n2_p2/c1/emulated/rep0
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
