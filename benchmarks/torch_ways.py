@@ -106,22 +106,9 @@ def worker(a: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
     cores = os.cpu_count() or 1
-    stream = producer = None
+    stream = None
     if a.way == "TensorSocket" and rank == 0:
-        from tensorsocket.producer import TensorProducer
-
-        producer = TensorProducer(_loader(a.data, a.batch_size, a.image_size, 0, cores), *PORTS[:2],
-                                  heart_ports=PORTS[2], rubber_band_pct=0.5, producer_batch_size=1)
-        t0 = time.perf_counter()
-        try:
-            for _ in range(a.epochs):
-                for _ in producer:
-                    pass
-            producer.join()
-        except Exception as e:  # noqa: BLE001 - its consumers would wait for ever: say why, end the job
-            print(f"torch_ways: the TensorSocket producer failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            comm.Abort(1)
-        return _write(a, rank, time.perf_counter() - t0, 0)
+        return _produce(a, comm)
     member = rank - 1 if a.way == "TensorSocket" else rank
     torch.manual_seed(member)
     if a.way == "enspipe":
@@ -154,6 +141,24 @@ def worker(a: argparse.Namespace) -> None:
         for _ in range(a.epochs):
             seen += _train(consumer, net, optimizer)
     _write(a, rank, time.perf_counter() - t0, seen)
+
+
+def _produce(a: argparse.Namespace, comm) -> None:
+    """TensorSocket's rank 0: one DataLoader with all the cores' workers inside a TensorProducer."""
+    from tensorsocket.producer import TensorProducer
+
+    producer = TensorProducer(_loader(a.data, a.batch_size, a.image_size, 0, os.cpu_count() or 1), *PORTS[:2],
+                              heart_ports=PORTS[2], rubber_band_pct=0.5, producer_batch_size=1)
+    t0 = time.perf_counter()
+    try:
+        for _ in range(a.epochs):
+            for _ in producer:
+                pass
+        producer.join()
+    except Exception as e:  # noqa: BLE001 - its consumers would wait for ever: say why, end the job
+        print(f"torch_ways: the TensorSocket producer failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        comm.Abort(1)
+    _write(a, 0, time.perf_counter() - t0, 0)
 
 
 def _write(a, rank: int, seconds: float, seen: int) -> None:

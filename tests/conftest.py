@@ -12,6 +12,16 @@ BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
 
 
+# every library scheme once, All-Shared in the quick suite and the rest in the slow one
+EVERY_SCHEME = [
+    ("all_shared", None),
+    pytest.param("baseline", None, marks=pytest.mark.slow),
+    pytest.param("single_broadcast", 1, marks=pytest.mark.slow),
+    pytest.param("multi_broadcast", 2, marks=pytest.mark.slow),
+    pytest.param("hierarchical", None, marks=pytest.mark.slow),
+]
+
+
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory):
     """50 synthetic images in 3 shards: no test batch size divides 50."""

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import MPIEXEC, enspipe, step_values
+from conftest import EVERY_SCHEME, MPIEXEC, enspipe, step_values
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -115,13 +115,7 @@ def _kept_unchanged(res: list[dict], scheme: str, shm: bool) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scheme, p", [
-    ("all_shared", None),
-    pytest.param("baseline", None, marks=pytest.mark.slow),
-    pytest.param("single_broadcast", 1, marks=pytest.mark.slow),
-    pytest.param("multi_broadcast", 2, marks=pytest.mark.slow),
-    pytest.param("hierarchical", None, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("scheme, p", EVERY_SCHEME)
 def test_the_library_delivers_the_batches_enspipe_run_does(dataset, tmp_path, scheme, p):
     steps = 8
     r, res = members("checksums", 2, tmp_path, data=dataset, batch_size=12, image_size=32, scheme=scheme,

@@ -10,6 +10,7 @@ from PIL import Image
 from enspipe.data import pixels
 from enspipe.data.order import NumpyOrder, canonical_numbers
 from enspipe.data.records import CYCLE, _interleaved, first_samples
+from conftest import EVERY_SCHEME, MPIEXEC
 from test_api import members
 
 
@@ -100,13 +101,7 @@ def _exactly_once(res: list[dict], n: int, images: int, epochs: int) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scheme, p", [
-    ("all_shared", None),
-    pytest.param("baseline", None, marks=pytest.mark.slow),
-    pytest.param("single_broadcast", 1, marks=pytest.mark.slow),
-    pytest.param("multi_broadcast", 2, marks=pytest.mark.slow),
-    pytest.param("hierarchical", None, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("scheme, p", EVERY_SCHEME)
 def test_every_scheme_delivers_each_sample_once_without_tensorflow(dataset, tmp_path, scheme, p):
     """50 samples, batches of 10, 15 steps: three whole epochs on each of 3 members."""
     r, res = members("keep", 3, tmp_path, without_tf=True, data=dataset, batch_size=10, image_size=32,
@@ -188,8 +183,6 @@ def test_the_data_commands_and_a_measured_cell_run_without_tensorflow(tmp_path):
     import shutil
     import subprocess
     import sys
-
-    from conftest import MPIEXEC
 
     here = os.path.dirname(os.path.abspath(__file__))
     cli = [sys.executable, os.path.join(here, "without_tf.py"), shutil.which("enspipe", path=os.path.dirname(

@@ -3,6 +3,7 @@ every sample once per epoch, kept batches unchanged, no warnings, the same pixel
 import pytest
 
 from enspipe.api.frameworks import require_framework
+from conftest import EVERY_SCHEME, MPIEXEC
 from test_api import members
 
 
@@ -89,8 +90,6 @@ def test_the_examples_train_three_members_each_sample_once_per_epoch(example_set
     import sys
 
     pytest.importorskip(framework, reason=f"pip install 'enspipe[{framework}]' to run its example")
-    from conftest import MPIEXEC
-
     here = os.path.dirname(os.path.abspath(__file__))
     data = example_sets / kind
     out = tmp_path / "runs"
@@ -114,13 +113,7 @@ def test_the_examples_train_three_members_each_sample_once_per_epoch(example_set
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scheme, p", [
-    ("all_shared", None),
-    pytest.param("baseline", None, marks=pytest.mark.slow),
-    pytest.param("single_broadcast", 1, marks=pytest.mark.slow),
-    pytest.param("multi_broadcast", 2, marks=pytest.mark.slow),
-    pytest.param("hierarchical", None, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("scheme, p", EVERY_SCHEME)
 def test_a_cell_trains_torch_members_on_every_scheme_exactly_once(dataset, tmp_path, scheme, p):
     """`enspipe run --consumer train` without TensorFlow: the torch trainer, the pillow backend, a
     uint8 wire; the summary says so, the losses are finite and each sample came once per epoch."""
@@ -131,8 +124,6 @@ def test_a_cell_trains_torch_members_on_every_scheme_exactly_once(dataset, tmp_p
     import sys
 
     pytest.importorskip("torch", reason="pip install 'enspipe[torch]' to run the torch train consumer")
-    from conftest import MPIEXEC
-
     here = os.path.dirname(os.path.abspath(__file__))
     cli = shutil.which("enspipe", path=os.path.dirname(sys.executable))
     out = tmp_path / "cell"
