@@ -212,3 +212,7 @@ def test_the_data_commands_and_a_measured_cell_run_without_tensorflow(tmp_path):
     for args, field in ((("--consumer", "train", "--trainer", "keras"), "--trainer"), (("--backend", "tf"), "--backend")):
         r = run("run", "--data", data, "--out", tmp_path / "no", *args)
         assert r.returncode == 2 and f"enspipe: error: {field}: " in r.stderr and "needs TensorFlow" in r.stderr
+    for args in (("calibrate-rc", "--network", "tiny", "--out", tmp_path / "rc.json", "--trainer", "keras"),
+                 ("profile", "--network", "tiny", "--data", data, "--cache", tmp_path / "profiles")):
+        r = run(*args)
+        assert r.returncode == 2 and "TensorFlow is not installed here; pip install 'enspipe[tf]'" in r.stderr, r.stderr

@@ -138,3 +138,22 @@ def test_a_cell_trains_torch_members_on_every_scheme_exactly_once(dataset, tmp_p
     assert s["trainer"] == "torch" and s["delivery"]["exactly_once"]
     for rank in s["ranks"]:
         assert rank["device"] == "CPU" and 0 < rank["loss_last"] < 10
+
+
+def test_calibrate_rc_times_torch_training_steps(tmp_path):
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="pip install 'enspipe[torch]' to time torch training steps")
+    here = os.path.dirname(os.path.abspath(__file__))
+    cli = shutil.which("enspipe", path=os.path.dirname(sys.executable))
+    r = subprocess.run([sys.executable, os.path.join(here, "without_tf.py"), cli, "calibrate-rc", "--network", "tiny",
+                        "--image-size", "32", "--steps", "5", "--warmup", "1", "--out", tmp_path / "rc.json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rc = json.loads((tmp_path / "rc.json").read_text())
+    assert rc["trainer"] == "torch" and rc["rc"] > 0 and rc["device"] in ("CPU", "GPU") and rc["steps"] == 5
+

@@ -66,21 +66,32 @@ def _calibrate_rc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=positive_int, default=5)
     p.add_argument("--num-classes", type=positive_int, default=1000)
     p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--trainer", choices=("auto", "keras", "torch"), default="auto",
+                   help="the framework that trains: keras (TensorFlow) or torch; auto: keras where TensorFlow is "
+                        "installed, else torch")
 
 
 def _calibrate_rc(a: argparse.Namespace, fail: Fail) -> int:
     if a.steps < 1 or a.batch_size == 0 or not 32 <= a.image_size <= 1024:
         fail("--steps, --batch-size and --image-size: need steps >= 1, a batch >= 1, 32 <= size <= 1024")
-    from enspipe.common.atomic import write_json_atomic
+    import importlib.util
 
-    import_tensorflow(trains=True)
+    from enspipe.common.atomic import write_json_atomic
+    from enspipe.plan.stream import tensorflow_installed
+
+    trainer = a.trainer if a.trainer != "auto" else ("keras" if tensorflow_installed() else "torch")
+    if not (tensorflow_installed() if trainer == "keras" else importlib.util.find_spec("torch") is not None):
+        fail(f"--trainer {trainer}: {'TensorFlow' if trainer == 'keras' else 'PyTorch'} is not installed here; "
+             f"pip install 'enspipe[{'tf' if trainer == 'keras' else 'torch'}]'")
+    if trainer == "keras":
+        import_tensorflow(trains=True)
     from enspipe.models.networks import network_spec
     from enspipe.run.calibration import measure_accelerator_rate
 
     r = measure_accelerator_rate(a.network, a.batch_size or network_spec(a.network).batch_size, a.image_size,
-                                 a.steps, a.warmup, max(2, a.num_classes))
+                                 a.steps, a.warmup, max(2, a.num_classes), trainer=trainer)
     write_json_atomic(a.out, r)
-    _say(f"rc = {r['rc']:.1f} images/s for {a.network} on {r['device']} -> {a.out}")
+    _say(f"rc = {r['rc']:.1f} images/s for {a.network} ({trainer}) on {r['device']} -> {a.out}")
     return 0
 
 
@@ -338,7 +349,12 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
 def _profile(a: argparse.Namespace, fail: Fail) -> int:
     import shlex
 
+    from enspipe.plan.stream import tensorflow_installed
     from enspipe.run.profile import measure
+
+    if not tensorflow_installed():
+        fail("profile: it measures a Keras model's layers, and TensorFlow is not installed here; "
+             "pip install 'enspipe[tf]'")
 
     run_args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
     if not a.accelerators or min(a.accelerators) < 1 or len(set(a.accelerators)) != len(a.accelerators):

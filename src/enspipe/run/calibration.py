@@ -42,26 +42,32 @@ def rates(config: dict, summaries: dict[tuple[str, str], str], measured_rc: dict
 
 
 def measure_accelerator_rate(network: str, batch_size: int, image_size: int, steps: int, warmup: int,
-                             num_classes: int = 1000, seed: int = 0) -> dict:
+                             num_classes: int = 1000, seed: int = 0, trainer: str = "keras") -> dict:
     """rc: images/s of real training steps on one fixed, already preprocessed batch (no input
-    pipeline), on the GPU when TensorFlow sees one, else the CPU. Warm-up steps are not timed."""
+    pipeline), on the GPU when the ``trainer``'s framework (``keras`` or ``torch``) sees one,
+    else the CPU. Warm-up steps are not timed."""
     import time
 
     import numpy as np
 
-    from enspipe.run.consumers import TrainConsumer
-
     rng = np.random.default_rng(seed)
     images = rng.uniform(-1, 1, (batch_size, image_size, image_size, 3)).astype(np.float32)
     labels = rng.integers(0, num_classes, batch_size)
-    train = TrainConsumer(network, num_classes, image_size, lr=0.01, seed=seed)
+    if trainer == "torch":
+        from enspipe.run.torch_train import TorchTrainConsumer
+
+        train = TorchTrainConsumer(network, num_classes, image_size, lr=0.01, seed=seed)
+    else:
+        from enspipe.run.consumers import TrainConsumer
+
+        train = TrainConsumer(network, num_classes, image_size, lr=0.01, seed=seed)
     for _ in range(warmup):
         train.step(images, labels)
     t0 = time.perf_counter()
     for _ in range(steps):
         train.step(images, labels)  # each step ends in float(loss): synchronous on a GPU too
     seconds = time.perf_counter() - t0
-    return {"network": network, "rc": steps * batch_size / seconds, "device": train.device,
+    return {"network": network, "rc": steps * batch_size / seconds, "device": train.device, "trainer": trainer,
             "batch_size": batch_size, "image_size": image_size, "steps": steps, "warmup": warmup,
             "seconds": seconds}
 
