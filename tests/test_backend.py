@@ -37,6 +37,27 @@ def test_a_sample_comes_out_the_same_wherever_it_is_preprocessed(name, lo, hi):
     assert q.dtype == np.uint8 and np.abs(q.astype(float) / 255 * (hi - lo) + lo - wire).max() <= (hi - lo) / 255
 
 
+def test_sixteen_bit_grey_keeps_its_top_eight_bits():
+    grey = (np.arange(48 * 64).reshape(48, 64) * 20).astype(np.uint16)
+    b = io.BytesIO()
+    Image.fromarray(grey).save(b, "PNG")
+    x = pixels.decode(b.getvalue())
+    assert x.shape == (48, 64, 3) and (x[..., 0] == grey >> 8).all() and (x[..., 1] == x[..., 2]).all()
+
+
+def test_every_image_a_folder_includes_decodes_and_every_undecodable_one_is_named():
+    from quirky_folder import quirky_files
+
+    for name, (content, verdict, *_) in quirky_files().items():
+        if content is None or verdict not in (None, "undecodable"):
+            continue
+        if verdict is None:
+            assert pixels.inception_train(content, 32, pixels.generator(0, 1)).shape == (32, 32, 3), name
+        else:
+            with pytest.raises(pixels.Undecodable):
+                pixels.inception_train(content, 32, pixels.generator(0, 1))
+
+
 def test_crops_follow_slims_distorted_bounding_box():
     for i in range(200):
         left, top, w, h = pixels.sample_crop(pixels.generator(0, i), 400, 300)

@@ -58,8 +58,12 @@ def decode(encoded: bytes) -> np.ndarray:
 
 
 def _rgb(im: Image.Image) -> Image.Image:
+    """The image decoded, as 8-bit RGB; 16-bit grey scaled down (its top 8 bits, as TensorFlow's
+    decoder does; Pillow's own conversion would clip it)."""
     try:
         im.load()
+        if im.mode == "I" or im.mode.startswith("I;16"):
+            im = Image.fromarray((np.asarray(im).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
         return im if im.mode == "RGB" else im.convert("RGB")
     except Exception as e:  # noqa: BLE001 - a truncated or damaged image
         raise Undecodable(f"{type(e).__name__}: {e}") from None
