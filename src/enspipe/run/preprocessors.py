@@ -59,7 +59,10 @@ class PillowEngine:
                 bad = int(np.argmin(ok))
                 raise DataError(f"{item['key'][bad].decode()}: undecodable image ({out[bad]}); fix or remove the "
                                 "record, or pass --on-corrupt skip to skip and count it")
-            images = np.stack([x for x, good in zip(out, ok) if good]) if ok.any() else None
+            if ok.any():
+                images = np.stack([x for x, good in zip(out, ok) if good])
+            else:  # every image of the slice skipped
+                images = np.zeros((0, self.size, self.size, 3), np.uint8 if self.wire_dtype == "uint8" else np.float32)
             yield item, images, _meta(item)[ok], time.perf_counter() - t
 
     def close(self) -> None:
