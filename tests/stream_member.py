@@ -67,16 +67,10 @@ def _framework_rows(stream) -> dict:
     return {"rows": rows, "epochs": stream.epochs(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
 
 
-with enspipe.SharedStream(data, batch, **options) as stream:
-    rows = []
-    if mode in ("torch", "jax"):
-        info = _framework_rows(stream)
-    if mode == "raise":
-        for i, _ in enumerate(stream):
-            if i == 2:
-                raise ValueError("a bug in the member's training step")
-    kept = []
-    for _ in range(steps if mode not in ("torch", "jax") else 0):
+def _kept_rows(stream) -> dict:
+    """``keep`` / ``checksums`` mode: STEPS batches kept, each checked when it came and at the end."""
+    kept, rows = [], []
+    for _ in range(steps):
         images, meta = stream._next(keep=True)
         kept.append((images, meta, batch_checksum(Batch(images, meta))))
     for images, meta, first in kept:
@@ -84,9 +78,17 @@ with enspipe.SharedStream(data, batch, **options) as stream:
                      "read_only": not images.flags.writeable and not meta.flags.writeable,
                      "shape": list(images.shape), "dtype": str(images.dtype)})
     replaced = getattr(stream._transport, "ring", None)
-    info = info if mode in ("torch", "jax") else {"rows": rows, "epochs": stream.epochs(), "spec": [list(stream.element_spec[0]), str(stream.element_spec[1])],
+    return {"rows": rows, "epochs": stream.epochs(), "spec": [list(stream.element_spec[0]), str(stream.element_spec[1])],
             "ring_replaced": replaced.replaced if replaced is not None else None,
             "paths": {",".join(map(str, g)): p for g, p in stream._transport.paths.items()},
             "scheme": stream.scheme.name, "planned": stream.planned}
+
+
+with enspipe.SharedStream(data, batch, **options) as stream:
+    if mode == "raise":
+        for i, _ in enumerate(stream):
+            if i == 2:
+                raise ValueError("a bug in the member's training step")
+    info = _framework_rows(stream) if mode in ("torch", "jax") else _kept_rows(stream)
 with open(os.path.join(out, f"member{stream.member}.json"), "w") as f:
     json.dump(info, f)
