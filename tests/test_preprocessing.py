@@ -45,3 +45,61 @@ def test_fast_mode_runs(jpeg):
 def test_unknown_preprocessing():
     with pytest.raises(ValueError, match="unknown preprocessing"):
         make_preprocess_fn("nope", 32)
+
+
+def _map(fn, jpegs: list[bytes], seed: int) -> np.ndarray:
+    ds = tf.data.Dataset.from_tensor_slices(tf.constant(jpegs)).enumerate()
+    ds = ds.map(lambda i, e: fn(e, tf.stack([tf.constant(seed, tf.int64), i])), num_parallel_calls=2)
+    return np.stack([x.numpy() for x in ds])
+
+
+@pytest.fixture(scope="module")
+def both_sets():
+    """Every image of both sets: the embedded dataset's first 256 JPEGs and 160 photo crops (4:2:0,
+    4:4:4, progressive, grey)."""
+    from enspipe.data.photos import photo_jpegs
+    from enspipe.data.synthetic import synthetic_jpeg
+
+    return {"synthetic": [synthetic_jpeg(0, i)[0] for i in range(256)], "photos": [j for _, j in photo_jpegs(160)]}
+
+
+@pytest.mark.parametrize("fast_mode", [False, True])
+@pytest.mark.parametrize("images", ["synthetic", "photos"])
+def test_crop_first_is_the_reference_bit_for_bit(both_sets, images, fast_mode):
+    """inception's crop-first path (the crop window alone decoded, the crop alone made float) gives
+    Slim's functions' values exactly, on every image: the window's edge columns too, where
+    libjpeg-turbo's cropped decode alone would differ."""
+    jpegs = both_sets[images]
+    ref = _map(make_preprocess_fn("inception", 224, fast_mode, "reference"), jpegs, 11)
+    crop_first = _map(make_preprocess_fn("inception", 224, fast_mode, "crop-first"), jpegs, 11)
+    assert ref.shape == (len(jpegs), 224, 224, 3)
+    differ = [i for i in range(len(jpegs)) if not np.array_equal(ref[i], crop_first[i])]
+    assert not differ, f"{len(differ)} images differ, the first {differ[:5]} by {np.abs(ref - crop_first).max()}"
+
+
+def test_the_margin_is_what_makes_the_window_exact(both_sets, monkeypatch):
+    """Without decoding a margin around the window, libjpeg-turbo's fancy upsampling differs in the
+    window's edge columns: the test above would catch a path that lost it."""
+    from enspipe.data import preprocessing
+
+    monkeypatch.setattr(preprocessing, "_JPEG_MARGIN", 0)
+    jpegs = both_sets["synthetic"][:64]
+    ref = _map(make_preprocess_fn("inception", 224, False, "reference"), jpegs, 11)
+    crop_first = _map(make_preprocess_fn("inception", 224, False, "crop-first"), jpegs, 11)
+    assert sum(not np.array_equal(a, b) for a, b in zip(ref, crop_first)) > 0
+
+
+def test_png_takes_the_whole_decode():
+    from PIL import Image
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(synthetic_image(0, 2, 10)[0]).save(buf, "PNG")
+    png = [buf.getvalue()] * 4
+    ref = _map(make_preprocess_fn("inception", 64, False, "reference"), png, 1)
+    assert np.array_equal(ref, _map(make_preprocess_fn("inception", 64, False, "crop-first"), png, 1))
+
+
+def test_unknown_implementation():
+    with pytest.raises(ValueError, match="unknown preprocessing implementation"):
+        make_preprocess_fn("inception", 32, impl="fast")

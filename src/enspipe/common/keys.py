@@ -60,7 +60,8 @@ SUMMARY: dict[str, str] = {
                          "ako's says its replicas differ (null without one)",
     "malloc": "the members' malloc policy in force (--malloc): keep (freed images' pages reused in place), "
               "system, or system with why keep could not be applied",
-    "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode", "seed": "base seed",
+    "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode",
+    "preprocess_impl": "the built-in's implementation: crop-first or reference (tf), pillow", "seed": "base seed",
     "dataset": "path, size, digest, whether synthetic, effective shuffle buffer, and the source folder's "
                "accounting (images included, files skipped and ignored by reason; null for TFRecords)",
     "images_per_second_per_member": "mean over members of images/s in the measured window",

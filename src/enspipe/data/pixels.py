@@ -132,21 +132,24 @@ def _colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image
     (contrast about each channel's mean), saturation and hue in RGB, as HSV defines them."""
     orders = ("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb")
     order = orders[int(rng.integers(0, len(orders)))]
-    delta, sat, hue, con = (rng.uniform(-32 / 255, 32 / 255), rng.uniform(0.5, 1.5), rng.uniform(-0.2, 0.2),
-                            rng.uniform(0.5, 1.5))
-    levels = np.arange(256, dtype=np.float32)
+    factors = dict(zip("bshc", (rng.uniform(-32 / 255, 32 / 255), rng.uniform(0.5, 1.5), rng.uniform(-0.2, 0.2),
+                                rng.uniform(0.5, 1.5))))
     for op in order:
-        if op == "b":
-            im = im.point(np.tile(np.clip(levels + round(delta * 255), 0, 255).astype(np.uint8), 3).tolist())
-        elif op == "c":
-            mean = np.asarray(ImageStat.Stat(im).mean, np.float32)[:, None]
-            im = im.point(np.clip((levels - mean) * np.float32(con) + mean + 0.5, 0, 255).astype(np.uint8)
-                          .ravel().tolist())
-        elif op == "s":
-            im = _saturate(im, sat)
-        else:
-            im = _shift_hue(im, hue)
+        im = colour_op(im, op, factors[op])
     return im
+
+
+def colour_op(im: Image.Image, op: str, value: float) -> Image.Image:
+    """One of Slim's colour steps: ``b``rightness (+value), ``s``aturation and ``c``ontrast
+    (x value), ``h``ue (+value of a turn)."""
+    levels = np.arange(256, dtype=np.float32)
+    if op == "b":
+        return im.point(np.tile(np.clip(levels + round(value * 255), 0, 255).astype(np.uint8), 3).tolist())
+    if op == "c":
+        mean = np.asarray(ImageStat.Stat(im).mean, np.float32)[:, None]
+        return im.point(np.clip((levels - mean) * np.float32(value) + mean + 0.5, 0, 255).astype(np.uint8)
+                        .ravel().tolist())
+    return _saturate(im, value) if op == "s" else _shift_hue(im, value)
 
 
 def inception_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mode: bool = False) -> np.ndarray:

@@ -53,24 +53,83 @@ def _switch(index: tf.Tensor, branches: list[Callable[[], tf.Tensor]]) -> tf.Ten
     return branches[0]() if len(branches) == 1 else tf.switch_case(index, branches)
 
 
-def inception_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
-    """Slim inception training preprocessing of a decoded uint8 image -> float32 in [-1, 1]."""
-    s = _seeds(seed, 5)
-    image = tf.image.convert_image_dtype(image, tf.float32)
+def _crop_box(shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Slim's distorted bounding box for an image of ``shape`` (``[h, w, 3]``): ``(begin, size)``."""
     begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=s[0],
+        shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed,
         min_object_covered=0.1, aspect_ratio_range=(0.75, 1.33), area_range=(0.05, 1.0),
         max_attempts=100, use_image_if_no_bounding_boxes=True)
-    image = tf.slice(image, begin, crop)
+    return begin, crop
+
+
+def _resize(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool) -> tf.Tensor:
+    """The crop resized to ``size`` with Slim's randomly chosen method (bilinear alone in fast mode)."""
     methods = _RESIZE_METHODS[:1] if fast_mode else _RESIZE_METHODS
-    image = _switch(_choice(s[1], len(methods)),
-                    [lambda m=m: tf.image.resize(image, [size, size], method=m) for m in methods])
+    return _switch(_choice(seed, len(methods)),
+                   [lambda m=m: tf.cast(tf.image.resize(image, [size, size], method=m), tf.float32) for m in methods])
+
+
+def _flip_and_colour(image: tf.Tensor, size: int, s: list[tf.Tensor], fast_mode: bool) -> tf.Tensor:
+    """Slim's random flip and colour distortion of the resized crop (float in [0, 1]) -> [-1, 1]."""
     image = tf.image.stateless_random_flip_left_right(image, s[2])
     orderings = 2 if fast_mode else 4
     image = _switch(_choice(s[3], orderings),
                     [lambda o=o: _distort_color(image, o, fast_mode, s[4]) for o in range(orderings)])
     image.set_shape([size, size, 3])
     return (image - 0.5) * 2.0
+
+
+def inception_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
+    """Slim inception training preprocessing of a decoded uint8 image -> float32 in [-1, 1], as
+    Slim writes it (the whole image to float, then the crop): the oracle of :func:`inception_crop_train`."""
+    s = _seeds(seed, 5)
+    image = tf.image.convert_image_dtype(image, tf.float32)
+    begin, crop = _crop_box(tf.shape(image), s[0])
+    image = _resize(tf.slice(image, begin, crop), size, s[1], fast_mode)
+    return _flip_and_colour(image, size, s, fast_mode)
+
+
+# Columns decoded either side of a JPEG crop window and then cut off: libjpeg-turbo's cropped
+# decode treats the window's edges as the image's, and its fancy chroma upsampling then differs from
+# a whole decode's in the edge columns (by up to 17/255 on the embedded JPEGs); with chroma
+# neighbours on both sides the window's pixels are the whole decode's, bit for bit (tested).
+_JPEG_MARGIN = 8
+
+
+def _window(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """The uint8 pixels of Slim's crop window alone: a JPEG decodes only the window (and a margin
+    cut off after), other formats decode whole and are sliced."""
+    def jpeg() -> tf.Tensor:
+        hw = tf.image.extract_jpeg_shape(encoded)[:2]
+        begin, crop = _crop_box(tf.concat([hw, [3]], 0), seed)
+        left = tf.maximum(begin[1] - _JPEG_MARGIN, 0)
+        right = tf.minimum(begin[1] + crop[1] + _JPEG_MARGIN, hw[1])
+        window = tf.io.decode_and_crop_jpeg(encoded, tf.stack([begin[0], left, crop[0], right - left]), channels=3)
+        return window[:, begin[1] - left:begin[1] - left + crop[1]]
+
+    def other() -> tf.Tensor:
+        image = decode(encoded)
+        return tf.slice(image, *_crop_box(tf.shape(image), seed))
+
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+
+
+def crop_train(crop: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
+    """Slim inception training preprocessing from its crop window's uint8 pixels on: the crop alone
+    to float, resized, flipped, colour-distorted -> float32 in [-1, 1]. The float arithmetic is
+    Slim's, in its order: TensorFlow's saturation and hue kernels are discontinuous at near-grey
+    pixels (an input one float ulp apart moved an output by 0.33), so resizing the uint8 crop and
+    scaling after, 1 ulp off, is not done."""
+    s = _seeds(seed, 5)
+    image = _resize(tf.image.convert_image_dtype(crop, tf.float32), size, s[1], fast_mode)
+    return _flip_and_colour(image, size, s, fast_mode)
+
+
+def inception_crop_train(encoded: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
+    """Slim inception training preprocessing of an encoded image, the crop first: a JPEG decodes
+    its crop window alone, and only the crop becomes float. Its values are :func:`inception_train`'s
+    of the decoded image, bit for bit (tested on every image of the embedded and photo sets)."""
+    return crop_train(_window(encoded, _seeds(seed, 5)[0]), size, seed, fast_mode)
 
 
 def vgg_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
@@ -110,6 +169,7 @@ def vgg_eval(image: tf.Tensor, size: int) -> tf.Tensor:
 
 PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_train, "vgg": vgg_train}
 EVAL_PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_eval, "vgg": vgg_eval}
+IMPLEMENTATIONS = ("crop-first", "reference")  # enspipe.plan.stream.IMPLEMENTATIONS
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:
     """Decode an image (JPEG, as Slim's ``image/format`` is; PNG, GIF or BMP too) to uint8 HxWx3; a
@@ -117,10 +177,18 @@ def decode(encoded: tf.Tensor) -> tf.Tensor:
     return tf.io.decode_image(encoded, channels=3, expand_animations=False)
 
 
-def make_preprocess_fn(name: str, size: int, fast_mode: bool = False) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """``fn(encoded_jpeg, seed[2]) -> float32 [size, size, 3]`` for tf.data ``map``."""
+def make_preprocess_fn(name: str, size: int, fast_mode: bool = False,
+                       impl: str = "crop-first") -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``fn(encoded_jpeg, seed[2]) -> float32 [size, size, 3]`` for tf.data ``map``. ``impl``:
+    ``crop-first`` (inception's crop window decoded alone, and only it made float; vgg has one path)
+    or ``reference`` (Slim's functions as written, on the whole decoded image); the two give the
+    same values, bit for bit."""
     if name not in PREPROCESSING:
         raise ValueError(f"unknown preprocessing {name!r}; choose one of {', '.join(PREPROCESSING)}")
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown preprocessing implementation {impl!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    if impl == "crop-first" and name == "inception":
+        return lambda encoded, seed: inception_crop_train(encoded, size, seed, fast_mode)
     train = PREPROCESSING[name]
 
     def fn(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:

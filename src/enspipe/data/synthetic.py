@@ -41,6 +41,14 @@ def synthetic_image(seed: int, index: int, num_classes: int) -> tuple[np.ndarray
     return np.clip(img + texture, 0, 255).astype(np.uint8), label
 
 
+def synthetic_jpeg(seed: int, index: int, num_classes: int = 100) -> tuple[bytes, int, tuple[int, int]]:
+    """One image of the embedded dataset as its shards hold it: ``(JPEG, label, (height, width))``."""
+    img, label = synthetic_image(seed, index, num_classes)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, "JPEG", quality=JPEG_QUALITY)  # libjpeg's 4:2:0, as TensorFlow's encoder
+    return buf.getvalue(), label, img.shape[:2]
+
+
 def ensure_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 100) -> Manifest:
     """The dataset in ``out`` if its manifest is there (a complete earlier run), else a new one."""
     from enspipe.data.build import load_manifest
@@ -58,11 +66,8 @@ def make_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 10
 
     def samples():
         for i in range(num_images):
-            img, label = synthetic_image(seed, i, num_classes)
-            buf = io.BytesIO()
-            Image.fromarray(img).save(buf, "JPEG", quality=JPEG_QUALITY)  # libjpeg's 4:2:0, as TensorFlow's encoder
-            encoded = buf.getvalue()
-            yield encoded, label, img.shape[0], img.shape[1], f"synthetic_{seed}_{i:08d}.JPEG", f"class{label:04d}"
+            encoded, label, (h, w) = synthetic_jpeg(seed, i, num_classes)
+            yield encoded, label, h, w, f"synthetic_{seed}_{i:08d}.JPEG", f"class{label:04d}"
 
     info = {"generator": "enspipe.synthetic", "seed": seed, "jpeg_quality": JPEG_QUALITY}
     return write_shards(out, samples(), num_images, num_classes, images_per_shard, info, synthetic=True)

@@ -22,7 +22,7 @@ from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, choices_of
                                   numbers, option, positive_int, rank_factor, unwritable)
 from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
-from enspipe.plan.stream import BACKENDS, tensorflow_installed
+from enspipe.plan.stream import BACKENDS, IMPLEMENTATIONS, tensorflow_installed
 
 CONSUMERS = ("train", "emulated", "peak")
 TRAINERS = ("auto", "keras", "torch")
@@ -59,16 +59,12 @@ class StreamOptions:
     block_images: int = option(DEFAULT_BLOCK_IMAGES, "images a member preprocesses and exchanges at a time, at "
                                "least (up to 8 batches together; 1: one batch at a time); the batches are the same "
                                "either way", parse=positive_int)
-    fast_mode: bool = option(False, "TF-Slim's inception fast_mode (off in the paper)")
     wire_dtype: str = option("float32", "element type of preprocessed images on the wire; uint8 quantises after "
                              "preprocessing: 4x less traffic, lossy by 1/255 of the range", choices=WIRE_DTYPES)
     transport: str = option("mpi4py", "collective library: mpi4py communicators, or Horovod process sets "
                             "(the build of `make horovod`)", choices=TRANSPORTS)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
-    backend: str = option("auto", "preprocessing backend: tf (tf.data and Slim's TensorFlow ops) or pillow (Pillow "
-                          "and numpy, no TensorFlow); auto: tf where TensorFlow is installed", choices=("auto",
-                                                                                                       *BACKENDS))
     malloc: str = option("keep", "keep: malloc reuses freed images' pages instead of faulting fresh ones in; "
                          "system: malloc as the environment set it", choices=MALLOC_POLICIES)
     plan_comm: str | None = option(None, "--scheme auto and --gradient-exchange prophet: enspipe calibrate-comm's "
@@ -92,6 +88,22 @@ class StreamOptions:
         if self.scheme == AUTO:
             _require(self.preprocessors is None, "preprocessors", "--scheme auto chooses P itself",
                      "leave --preprocessors out, or name the scheme")
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    """The preprocessing: which backend and implementation turn each encoded image into pixels."""
+
+    backend: str = option("auto", "preprocessing backend: tf (tf.data and Slim's TensorFlow ops) or pillow (Pillow "
+                          "and numpy, no TensorFlow); auto: tf where TensorFlow is installed",
+                          choices=("auto", *BACKENDS))
+    fast_mode: bool = option(False, "TF-Slim's inception fast_mode (off in the paper)")
+    preprocess_impl: str = option("crop-first", "the tf backend's built-in preprocessing: crop-first (inception's "
+                                  "crop window alone decoded, bit for bit Slim's values, less CPU) or reference "
+                                  "(Slim's functions as written)", choices=IMPLEMENTATIONS)
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
 
 @dataclass(frozen=True)
@@ -371,7 +383,7 @@ class ServiceOptions:
 
 
 # The concerns, in the order ``enspipe run -h`` shows them: RunConfig's field name -> its config.
-CONCERNS = {"stream": StreamOptions, "training": TrainingOptions, "gradients": GradientOptions, "lives": MemberLives,
+CONCERNS = {"stream": StreamOptions, "preprocess": PreprocessOptions, "training": TrainingOptions, "gradients": GradientOptions, "lives": MemberLives,
             "measure": MeasureOptions, "energy": PowerOptions, "faults": FaultOptions, "service": ServiceOptions}
 
 
@@ -396,6 +408,7 @@ class RunConfig:
     rep: int = option(0, "which repeat of its cell this run is: recorded in the summary's cell identity, it changes "
                       "nothing else (the grid varies --seed per repeat)", parse=positive_int)
     stream: StreamOptions = field(default_factory=StreamOptions)
+    preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     training: TrainingOptions = field(default_factory=TrainingOptions)
     gradients: GradientOptions = field(default_factory=GradientOptions)
     lives: MemberLives = field(default_factory=MemberLives)
@@ -557,7 +570,7 @@ class RunConfig:
         """TensorFlow, Horovod and mpstat, where the options ask for them."""
         if not tensorflow_installed():
             needs = [(name, what) for name, what, yes in (
-                ("backend", "--backend tf", self.stream.backend == "tf"),
+                ("backend", "--backend tf", self.preprocess.backend == "tf"),
                 ("trainer", "the Keras train consumer", self.trainer == "keras"),
                 ("scheme", "the tf.data service", _service(self.stream.scheme)),
                 ("transport", "Horovod", self.stream.transport == "horovod")) if yes]
@@ -566,6 +579,9 @@ class RunConfig:
                      "with --consumer peak or emulated")
         if self.trainer == "torch":
             self._check_torch_training()
+        _require(self.preprocess.preprocess_impl != "reference" or self.backend == "tf", "preprocess_impl", "reference is "
+                 "Slim's TensorFlow functions as written; the pillow backend has one implementation",
+                 "leave --preprocess-impl out, or run --backend tf")
         _require(not (_service(self.stream.scheme) and self.backend == "pillow"), "backend", "the tf.data service "
                  "runs TensorFlow's preprocessing graph in its workers", "leave --backend out (tf) for "
                  "--scheme tfdata_service")
@@ -639,8 +655,8 @@ class RunConfig:
     @property
     def backend(self) -> str:
         """The preprocessing backend the cell runs (``auto`` resolved here)."""
-        if self.stream.backend != "auto":
-            return self.stream.backend
+        if self.preprocess.backend != "auto":
+            return self.preprocess.backend
         return "tf" if tensorflow_installed() else "pillow"
 
     @property
@@ -669,12 +685,13 @@ class RunConfig:
         """The stream part of this cell's options, as the library takes them (:class:`StreamConfig`)."""
         from enspipe.plan.stream import StreamConfig
 
-        s = self.stream
+        s, p = self.stream, self.preprocess
         return StreamConfig(data=self.data, batch_size=self.global_batch, scheme=s.scheme,
                             preprocessors=s.preprocessors, image_size=s.image_size, seed=s.seed,
                             shuffle_buffer=s.shuffle_buffer, queue_depth=s.queue_depth,
                             block_images=s.block_images, node_shm=s.node_shm, transport=s.transport,
-                            wire_dtype=s.wire_dtype, fast_mode=s.fast_mode, skip_corrupt=self.faults.skip_corrupt,
+                            wire_dtype=s.wire_dtype, fast_mode=p.fast_mode, preprocess_impl=p.preprocess_impl,
+                            skip_corrupt=self.faults.skip_corrupt,
                             sample_interval=self.measure.sample_interval, backend=self.backend)
 
     def member_ranks(self, n: int) -> list[range]:

@@ -19,6 +19,9 @@ TRANSPORTS = ("mpi4py", "horovod")
 # "auto" is tf where TensorFlow is installed, else pillow
 BACKENDS = ("tf", "pillow")
 WIRE_DTYPES = ("float32", "uint8")
+# the tf backend's implementations of the built-ins (enspipe.data.preprocessing.IMPLEMENTATIONS): crop-first
+# (inception's crop window decoded alone) and reference (Slim's functions as written); the same values
+IMPLEMENTATIONS = ("crop-first", "reference")
 MALLOC_POLICIES = ("keep", "system")
 LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
 
@@ -39,6 +42,11 @@ class StreamConfig:
     ``pillow`` (Pillow and numpy, no TensorFlow: :mod:`enspipe.data.pixels`); ``auto`` (the
     default) is ``tf`` where TensorFlow is installed, else ``pillow``. Every member must use the
     same one (a shuffled stream's order differs between them).
+
+    ``preprocess_impl`` (the tf backend's built-ins): ``crop-first`` (the default: inception's
+    crop window alone is decoded, where Slim decodes the whole JPEG and converts it to float before
+    cropping) or ``reference`` (Slim's functions as written); the two give the same values, bit
+    for bit, and crop-first costs less.
 
     ``scheme="auto"``: the cost model chooses the scheme and P for these members on their
     placement (``enspipe plan``), from ``calibration`` (the workflow's ``rates.json``: one
@@ -68,6 +76,7 @@ class StreamConfig:
     accelerator_rate: float | None = None
     plan_comm: str | None = None
     backend: str = "auto"
+    preprocess_impl: str = "crop-first"
 
     def __post_init__(self) -> None:
         self._check_backend()
@@ -122,6 +131,12 @@ class StreamConfig:
             object.__setattr__(self, "backend", "tf" if has_tf else "pillow")
         require(self.backend != "tf" or has_tf, "backend", "TensorFlow is not installed here",
                 "pip install tensorflow-cpu, or pass backend='pillow' (no TensorFlow)")
+        require(self.preprocess_impl in IMPLEMENTATIONS, "preprocess_impl", f"unknown preprocessing implementation "
+                f"{self.preprocess_impl!r}", f"choose one of {', '.join(IMPLEMENTATIONS)}")
+        if self.preprocess_impl == "reference":
+            require(self.backend == "tf" and not callable(self.preprocess), "preprocess_impl", "reference is Slim's "
+                    "TensorFlow functions as written, for the tf backend's built-ins", "leave preprocess_impl at "
+                    "crop-first (a user's function and the pillow backend have one implementation)")
         if self.backend == "pillow":
             require(not callable(self.preprocess), "preprocess", "a preprocess function takes TensorFlow tensors; "
                     "the pillow backend runs the built-ins alone", "use preprocess='inception' or 'vgg', or install "

@@ -68,7 +68,8 @@ def quantizer(preprocessing: str):
     return quantize, dequantize
 
 
-def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool, wire_dtype: str, prep_seed):
+def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool, wire_dtype: str, prep_seed,
+               impl: str = "crop-first"):
     """One sample's preprocessing, the same in every arm (enspipe's pipelines and the tf.data
     service's graph): decode and augment with the stateless seed ``(prep_seed, position)``,
     quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``. A user's
@@ -81,7 +82,7 @@ def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool
     if isinstance(preprocessing, UserPreprocess):
         prep, quantize = preprocessing.encoded_fn(), (lambda x: x)
     else:
-        prep = make_preprocess_fn(preprocessing, size, fast_mode)
+        prep = make_preprocess_fn(preprocessing, size, fast_mode, impl)
         quantize = quantizer(preprocessing)[0] if wire_dtype == "uint8" else (lambda x: x)
 
     def one(e):
@@ -132,12 +133,12 @@ class Pipeline:
     def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
                  preprocessing: "str | UserPreprocess", image_size: int, threads: int, order_seed: int, prep_seed: int,
                  shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
-                 wire_dtype: str, sample_interval: float, events, backend: str = "tf"):
+                 wire_dtype: str, sample_interval: float, events, backend: str = "tf", impl: str = "crop-first"):
         self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
         self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
         self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
-        self.sample_interval, self.events, self.backend = sample_interval, events, backend
+        self.sample_interval, self.events, self.backend, self.impl = sample_interval, events, backend, impl
         if backend == "tf":  # imported here, not first in a stage thread: two threads importing it at once deadlock
             import tensorflow  # noqa: F401
         self.image_shape, self.image_dtype = output_spec(preprocessing, image_size, wire_dtype)
@@ -235,7 +236,7 @@ class Pipeline:
         if self.backend == "pillow":
             return PillowEngine(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed,
                                 self.threads, self.skip_corrupt)
-        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed)
+        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed, self.impl)
         return TfEngine(one, self.image_shape, self.image_dtype, self._options(), self.threads, self.skip_corrupt,
                         slice_len, self.unit, self.depth)
 
@@ -398,5 +399,6 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
                         order_seed=seed, prep_seed=seed, shuffle_buffer=stream.shuffle_buffer,
                         queue_depth=stream.queue_depth, skip_corrupt=stream.skip_corrupt,
                         fast_mode=stream.fast_mode, wire_dtype=stream.wire_dtype,
-                        sample_interval=stream.sample_interval, events=events, backend=stream.backend)
+                        sample_interval=stream.sample_interval, events=events, backend=stream.backend,
+                        impl=stream.preprocess_impl)
     return transport, pipeline

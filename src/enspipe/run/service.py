@@ -51,7 +51,8 @@ def service_dataset(manifest, cfg, preprocessing: str, threads: int, workers: in
     batch, size = cfg.global_batch, cfg.stream.image_size
 
     def stream(salt, seed):
-        one = element_fn(preprocessing, size, cfg.stream.fast_mode, cfg.stream.wire_dtype, seed)
+        one = element_fn(preprocessing, size, cfg.preprocess.fast_mode, cfg.stream.wire_dtype, seed,
+                         cfg.preprocess.preprocess_impl)
         samples = sample_stream(manifest, seed, cfg.stream.shuffle_buffer, in_graph=True).batch(batch)
         samples = samples.map(lambda b: load_samples(manifest.kind, b)).flat_map(tf.data.Dataset.from_tensor_slices)
         images = samples.map(one, num_parallel_calls=threads, deterministic=True).batch(batch, drop_remainder=True)

@@ -183,7 +183,8 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "members_per_rank": cfg.training.members_per_rank,
         # a data-parallel member's gradient exchange; ako's replicas differ (its label says so)
         "gradient_exchange": cfg.gradient_spec.label() if max(t.data_parallel) > 1 and t.consumer == "train" else None,
-        "preprocessing": job.preprocessing, "fast_mode": cfg.stream.fast_mode, "seed": cfg.stream.seed,
+        "preprocessing": job.preprocessing, "fast_mode": cfg.preprocess.fast_mode,
+        "preprocess_impl": _impl(cfg, job.preprocessing), "seed": cfg.stream.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
                     "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer, cfg.backend),
@@ -205,6 +206,14 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
                      "mpi": MPI.Get_library_version().splitlines()[0].strip()},
         "finished": time.time(),
     }
+
+
+def _impl(cfg: RunConfig, preprocessing: str) -> str:
+    """Which implementation preprocessed: the tf backend's crop-first or reference (inception's;
+    vgg has one), the pillow backend's, or a user's function."""
+    if preprocessing not in ("inception", "vgg"):
+        return "user"
+    return cfg.preprocess.preprocess_impl if cfg.backend == "tf" else "pillow"
 
 
 def short_epochs(reports: list[dict], num_images: int) -> str | None:
