@@ -61,7 +61,10 @@ SUMMARY: dict[str, str] = {
     "malloc": "the members' malloc policy in force (--malloc): keep (freed images' pages reused in place), "
               "system, or system with why keep could not be applied",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode",
-    "preprocess_impl": "the built-in's implementation: crop-first or reference (tf), pillow", "seed": "base seed",
+    "preprocess_impl": "the built-in's implementation: crop-first or reference (tf), pillow",
+    "decode_cache": "the node-shared decoded-image cache: hit rate per epoch, bytes held, CPU saved (estimated; "
+                    "null when off)",
+    "seed": "base seed",
     "dataset": "path, size, digest, whether synthetic, effective shuffle buffer, and the source folder's "
                "accounting (images included, files skipped and ignored by reason; null for TFRecords)",
     "images_per_second_per_member": "mean over members of images/s in the measured window",
@@ -136,4 +139,6 @@ RANK: dict[str, str] = {
     "gradient_exchange": "a data-parallel rank's gradient exchange in the window: its kind and label, the bytes it "
                          "sends a step; blocks: their count, the share of their bytes summed before "
                          "backpropagation ended and the mean wait after it (null for a member on one rank)",
+    "decode_cache": "its view of the node's decode cache: hits and misses per epoch, what it stored, the node's "
+                    "bytes and images held, its timed decodes (null when off)",
 }

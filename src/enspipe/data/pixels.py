@@ -10,7 +10,8 @@ alone in fast mode), a random left-right flip, and colour distortion (brightness
 saturation and contrast x0.5..1.5, hue +-0.2) in one of four orders drawn at random (brightness
 and saturation in two orders in fast mode); values in [-1, 1]. Where it differs from Slim's, which
 runs in TensorFlow: a JPEG is decoded at 1/2, 1/4 or 1/8 scale where the crop still has the output's
-size at that scale (libjpeg's DCT scaling: what the crop needs, not the whole image); Pillow's
+size at that scale (libjpeg's DCT scaling: what the crop needs, not the whole image; with the decode
+cache, whose images are decoded whole, never); Pillow's
 ``box`` resampling stands in for ``area``; the colour steps round to 8-bit values after each step.
 
 ``vgg``: Slim's ``vgg_preprocessing.preprocess_for_train``: the shorter side resized to a random
@@ -50,6 +51,12 @@ def open_image(encoded: bytes) -> Image.Image:
         return Image.open(io.BytesIO(encoded))
     except Exception as e:  # noqa: BLE001 - Pillow's errors vary by format
         raise Undecodable(f"{type(e).__name__}: {e}") from None
+
+
+def _opened(source: "bytes | np.ndarray") -> Image.Image:
+    """An encoded image's header read (nothing decoded yet), or a decoded ``H x W x 3`` array (the
+    decode cache's) as an image: the preprocessings take either."""
+    return Image.fromarray(source) if isinstance(source, np.ndarray) else open_image(source)
 
 
 def decode(encoded: bytes) -> np.ndarray:
@@ -152,10 +159,11 @@ def colour_op(im: Image.Image, op: str, value: float) -> Image.Image:
     return _saturate(im, value) if op == "s" else _shift_hue(im, value)
 
 
-def inception_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mode: bool = False) -> np.ndarray:
+def inception_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
+                    fast_mode: bool = False) -> np.ndarray:
     """Slim-style inception training preprocessing -> uint8 ``size x size x 3`` (the values in
     [-1, 1] are ``x / 127.5 - 1``: see :func:`to_wire`)."""
-    im = open_image(encoded)
+    im = _opened(encoded)
     left, top, w, h = sample_crop(rng, *im.size)
     method = _METHODS[0] if fast_mode else _METHODS[int(rng.integers(0, len(_METHODS)))]
     im, box = _drafted(im, (left, top, left + w, top + h), size)
@@ -165,11 +173,12 @@ def inception_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mo
     return np.asarray(_colour(im, rng, fast_mode))
 
 
-def vgg_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mode: bool = False) -> np.ndarray:
+def vgg_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
+              fast_mode: bool = False) -> np.ndarray:
     """Slim-style VGG training preprocessing -> uint8 ``size x size x 3`` before the means are
     subtracted (see :func:`to_wire`)."""
     del fast_mode  # Slim's vgg preprocessing has no fast mode
-    im = open_image(encoded)
+    im = _opened(encoded)
     w0, h0 = im.size
     side = int(rng.integers(round(256 * size / 224), round(512 * size / 224) + 1))
     scale = side / min(w0, h0)
@@ -183,19 +192,19 @@ def vgg_train(encoded: bytes, size: int, rng: np.random.Generator, fast_mode: bo
     return np.asarray(im)
 
 
-def inception_eval(encoded: bytes, size: int) -> np.ndarray:
+def inception_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
     """Slim's inception evaluation transform: the central 87.5%, resized (bilinear) -> uint8."""
-    im = open_image(encoded)
+    im = _opened(encoded)
     w0, h0 = im.size
     dw, dh = w0 * 0.0625, h0 * 0.0625
     im, box = _drafted(im, (dw, dh, w0 - dw, h0 - dh), size)
     return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
 
 
-def vgg_eval(encoded: bytes, size: int) -> np.ndarray:
+def vgg_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
     """Slim's VGG evaluation transform: the shorter side to 256 (scaled with the size), the
     central crop -> uint8 (the means are subtracted by :func:`to_wire`)."""
-    im = open_image(encoded)
+    im = _opened(encoded)
     w0, h0 = im.size
     scale = round(256 * size / 224) / min(w0, h0)
     nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))

@@ -197,6 +197,18 @@ def make_preprocess_fn(name: str, size: int, fast_mode: bool = False,
     return fn
 
 
+def make_decoded_fn(name: str, size: int, fast_mode: bool = False,
+                    impl: str = "crop-first") -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``fn(image, seed[2])`` of a decoded uint8 image (the decode cache's): the same values as
+    :func:`make_preprocess_fn`'s of its JPEG."""
+    if impl == "crop-first" and name == "inception":
+        def crop_first(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+            return crop_train(tf.slice(image, *_crop_box(tf.shape(image), _seeds(seed, 5)[0])), size, seed, fast_mode)
+
+        return crop_first
+    return lambda image, seed: PREPROCESSING[name](image, size, seed, fast_mode)
+
+
 @dataclass(frozen=True)
 class UserPreprocess:
     """A user's preprocessing: ``fn(image, seed) -> tensor`` on one decoded image (uint8, H x W x 3)
@@ -215,10 +227,16 @@ class UserPreprocess:
     def encoded_fn(self) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
         """``fn(encoded_jpeg, seed) -> tensor`` for tf.data ``map``, its output checked against
         ``shape`` and ``dtype``."""
+        checked = self.decoded_fn()
+        return lambda encoded, seed: checked(decode(encoded), seed)
+
+    def decoded_fn(self) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+        """``fn(image, seed) -> tensor`` of a decoded image, its output checked as
+        :meth:`encoded_fn`'s."""
         dtype = tf.as_dtype(self.dtype)
 
-        def fn(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-            out = tf.convert_to_tensor(self.fn(decode(encoded), seed))
+        def fn(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+            out = tf.convert_to_tensor(self.fn(image, seed))
             if out.dtype != dtype:
                 raise TypeError(f"preprocess {self.name} returned {out.dtype.name} here, {dtype.name} for the first "
                                 "sample: return one dtype for every sample")

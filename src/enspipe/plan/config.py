@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from enspipe.plan.errors import ConfigError, require as _require
 from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, choices_of, counts, names, network_problem,
-                                  numbers, option, positive_int, rank_factor, unwritable)
+                                  numbers, option, positive_int, rank_factor, size_bytes, unwritable)
 from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
-from enspipe.plan.stream import BACKENDS, IMPLEMENTATIONS, tensorflow_installed
+from enspipe.plan.stream import BACKENDS, IMPLEMENTATIONS, decode_cache_problem, tensorflow_installed
 
 CONSUMERS = ("train", "emulated", "peak")
 TRAINERS = ("auto", "keras", "torch")
@@ -101,6 +101,9 @@ class PreprocessOptions:
     preprocess_impl: str = option("crop-first", "the tf backend's built-in preprocessing: crop-first (inception's "
                                   "crop window alone decoded, bit for bit Slim's values, less CPU) or reference "
                                   "(Slim's functions as written)", choices=IMPLEMENTATIONS)
+    decode_cache: int = option(0, "node-shared memory that keeps decoded images (e.g. 8GB; 0: off): a sample "
+                               "preprocessed again on the node (a later epoch) skips its decode; what fits is kept",
+                               parse=size_bytes, metavar="SIZE")
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -579,6 +582,8 @@ class RunConfig:
                      "with --consumer peak or emulated")
         if self.trainer == "torch":
             self._check_torch_training()
+        problem = decode_cache_problem(self.preprocess.decode_cache)
+        _require(problem is None, "decode_cache", f"{problem}", "pass a smaller --decode-cache, or leave it out")
         _require(self.preprocess.preprocess_impl != "reference" or self.backend == "tf", "preprocess_impl", "reference is "
                  "Slim's TensorFlow functions as written; the pillow backend has one implementation",
                  "leave --preprocess-impl out, or run --backend tf")
@@ -691,6 +696,7 @@ class RunConfig:
                             shuffle_buffer=s.shuffle_buffer, queue_depth=s.queue_depth,
                             block_images=s.block_images, node_shm=s.node_shm, transport=s.transport,
                             wire_dtype=s.wire_dtype, fast_mode=p.fast_mode, preprocess_impl=p.preprocess_impl,
+                            decode_cache=p.decode_cache,
                             skip_corrupt=self.faults.skip_corrupt,
                             sample_interval=self.measure.sample_interval, backend=self.backend)
 

@@ -172,6 +172,8 @@ def run_args(config: dict, cell: Cell, rates: str | None = None, comm: str | Non
             "--monitor-interval", str(config.get("monitor_interval", default("monitor_interval")))]
     if takes_p(cell.scheme):
         args += ["--preprocessors", str(cell.p)]
+    args += ["--preprocess-impl", str(config.get("preprocess_impl", default("preprocess_impl"))),
+             "--decode-cache", str(config.get("decode_cache", default("decode_cache")))]
     if cell.cores != "all":
         args += ["--cores", cell.cores]
     if cell.consumer == "emulated" or cell.scheme == AUTO:

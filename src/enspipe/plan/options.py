@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from dataclasses import field
 
 MAX_SAMPLE_INTERVAL = 60.0  # seconds
@@ -19,6 +20,32 @@ def rank_factor(s: str) -> tuple[int, float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected RANK:FACTOR (e.g. 1:3), got {s!r}") from None
 
+
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text) -> int:
+    """Bytes of a size such as ``8GB``, ``512MiB``, ``1.5G``, ``1000000`` or ``0`` (off); raises
+    ``ValueError`` naming what it takes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"{text} is negative: give a size such as 8GB, or 0 (off)")
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    unit = "B" if m and not m.group(2) else m and (m.group(2) if m.group(2).endswith("B") else m.group(2) + "B")
+    if not m or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size: write e.g. 8GB, 512MB, 2GiB or 0 (off)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def size_bytes(s: str) -> int:
+    """An option's size in bytes (:func:`parse_size`)."""
+    try:
+        return parse_size(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def positive_int(s: str) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from enspipe.plan.errors import ConfigError, require
+from enspipe.plan.options import parse_size
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 
 BUILTIN_PREPROCESSING = ("inception", "vgg")  # enspipe.data.preprocessing.PREPROCESSING's names
@@ -48,6 +49,12 @@ class StreamConfig:
     cropping) or ``reference`` (Slim's functions as written); the two give the same values, bit
     for bit, and crop-first costs less.
 
+    ``decode_cache``: a budget (bytes, or a size such as ``"8GB"``; 0: off) of node-shared memory
+    that keeps decoded images (:mod:`enspipe.run.decode_cache`): from the second time a sample is
+    preprocessed on a node, its pixels come from there instead of a decode. The augmentation runs
+    as before, on the tf backend with the same values; the pillow backend then decodes whole
+    images (no DCT-scaled decode), which changes its values slightly.
+
     ``scheme="auto"``: the cost model chooses the scheme and P for these members on their
     placement (``enspipe plan``), from ``calibration`` (the workflow's ``rates.json``: one
     member's preprocessing rate by cores) for ``network``'s preprocessing, the accelerator's
@@ -77,9 +84,14 @@ class StreamConfig:
     plan_comm: str | None = None
     backend: str = "auto"
     preprocess_impl: str = "crop-first"
+    decode_cache: int | str = 0
 
     def __post_init__(self) -> None:
         self._check_backend()
+        try:
+            object.__setattr__(self, "decode_cache", parse_size(self.decode_cache))
+        except ValueError as e:
+            raise ConfigError("decode_cache", str(e), "pass decode_cache='8GB' or another size, or 0 (off)") from None
         require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
                 "pass data=DIR: Slim TFRecord shards or JPEG class folders (enspipe make-dataset makes one)")
         for name in ("batch_size", "image_size", "queue_depth", "block_images"):
@@ -176,6 +188,8 @@ class StreamConfig:
         problem = format_problem(manifest)
         if problem:
             raise ConfigError("data", problem, "fix the parse function, or re-index with `enspipe index --parse`")
+        problem = decode_cache_problem(self.decode_cache)
+        require(problem is None, "decode_cache", f"{problem}", "pass a smaller budget, or 0 (off)")
         if not self.user_preprocess:
             return manifest, self.preprocess
         from enspipe.data.probe import PreprocessError, probe_preprocess
@@ -184,6 +198,25 @@ class StreamConfig:
             return manifest, probe_preprocess(self.preprocess, manifest, self.seed)
         except PreprocessError as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
+
+
+def decode_cache_problem(budget: int) -> str | None:
+    """Why a decode cache of ``budget`` bytes does not fit on this node (None when it does, or is
+    off): more than its available memory, or than /dev/shm's free space."""
+    import psutil
+
+    if not budget:
+        return None
+    available = psutil.virtual_memory().available
+    if budget > available:
+        return f"{budget / 1e9:.2f} GB is more than this node's available memory ({available / 1e9:.2f} GB)"
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    if budget > st.f_bavail * st.f_frsize:
+        return f"{budget / 1e9:.2f} GB is more than /dev/shm's free space ({st.f_bavail * st.f_frsize / 1e9:.2f} GB)"
+    return None
 
 
 def tensorflow_installed() -> bool:

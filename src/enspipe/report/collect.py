@@ -43,7 +43,7 @@ ROW_COLUMNS = (  # one cell's own summary (cell_row)
     "warmup_steps", "steady", "window_balance", "starved_fraction",
     "members_per_host", "host_cpus", "cores_per_member", "oversubscribed", "hosts_per_kernel", "node_vs_process_cpu",
     "node_quiet",
-    "exactly_once", "distinct_min", "window_samples", "skipped_samples", "planned",
+    "exactly_once", "distinct_min", "window_samples", "skipped_samples", "planned", "preprocessing_path",
 )
 COLUMNS = ROW_COLUMNS + (  # and against its baseline (add_reductions)
     "reduction_ceiling", "ceiling_tolerance", "cpu_reduction_node", "cpu_reduction_process", "exceeds_ceiling",
@@ -55,6 +55,15 @@ MAX_CEILING_TOLERANCE = 0.15  # however noisy the repeats, never more than this
 # one cell's window and miss the other's (2-member pairs at 0.3 s measured 1.34-2.07x, at 2 s 1.73-1.95x)
 MIN_JUDGED_WINDOW = 2.0  # seconds
 BASELINE_KEY = ["network", "consumer", "n", "cores", "batch_size", "image_size"]
+
+
+def preprocessing_path(s: dict) -> str:
+    """Which path preprocessed a cell's images, in words: backend, implementation, decode cache."""
+    path = f"{s.get('backend', 'tf')} {s.get('preprocess_impl', 'reference')}"
+    if s.get("preprocess_impl") == "pillow" or s.get("backend") == "pillow":
+        path = "pillow"
+    cache = s.get("decode_cache")
+    return path + (f" + decode cache {cache['budget_bytes_per_node'] / 1e9:g} GB" if cache else "")
 
 
 def cell_row(s: dict, path: str = "") -> dict:
@@ -82,6 +91,7 @@ def cell_row(s: dict, path: str = "") -> dict:
         "accelerator": s["accelerator"], "emulated": s["emulated"], "rate": s.get("rate"),
         "batch_size": s["batch_size"], "image_size": s["image_size"], "steps": s["steps"], "warmup": s["warmup"],
         "wire_dtype": s["wire_dtype"], "transport": s["transport"], "exchange_path": "+".join(paths) or "none",
+        "preprocessing_path": preprocessing_path(s),
         "window_seconds": (s.get("measured_window") or {}).get("seconds"),
         "images_per_member": images, "images_per_second_per_member": s["images_per_second_per_member"],
         "images_per_second_min": min(rates), "images_per_second_max": max(rates),

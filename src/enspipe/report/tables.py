@@ -42,6 +42,7 @@ def provenance(df: pd.DataFrame, machine: bool = True) -> str:
         return sep.join(sorted(set(df[col].dropna().astype(str)))) if col in df else ""
 
     line = f"accelerator: {values('accelerator') or 'none'}"
+    line += f"; preprocessing: {values('preprocessing_path', ', ')}" if "preprocessing_path" in df else ""
     line += f"; energy: {values('energy_source') or 'none'}" if "energy_source" in df else ""
     missing = int(df["node_cpu_missing"].notna().sum()) if "node_cpu_missing" in df else 0
     line += f"; node CPU missing in {missing} cells (CPU monitor stopped): left out of node-CPU values" if missing else ""

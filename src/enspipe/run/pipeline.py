@@ -69,27 +69,59 @@ def quantizer(preprocessing: str):
 
 
 def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool, wire_dtype: str, prep_seed,
-               impl: str = "crop-first"):
+               impl: str = "crop-first", cache=None):
     """One sample's preprocessing, the same in every arm (enspipe's pipelines and the tf.data
     service's graph): decode and augment with the stateless seed ``(prep_seed, position)``,
     quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``. A user's
     preprocessing (:class:`~enspipe.data.preprocessing.UserPreprocess`) goes on the wire as it
-    returns it."""
+    returns it. With a :class:`~enspipe.run.decode_cache.DecodeCache`, the decoded image comes
+    from it where it holds the sample, else from a whole decode that it then keeps."""
     import tensorflow as tf
 
-    from enspipe.data.preprocessing import UserPreprocess, make_preprocess_fn
+    from enspipe.data.preprocessing import UserPreprocess, make_decoded_fn, make_preprocess_fn
 
     if isinstance(preprocessing, UserPreprocess):
         prep, quantize = preprocessing.encoded_fn(), (lambda x: x)
+        from_pixels = preprocessing.decoded_fn()
     else:
         prep = make_preprocess_fn(preprocessing, size, fast_mode, impl)
+        from_pixels = make_decoded_fn(preprocessing, size, fast_mode, impl)
         quantize = quantizer(preprocessing)[0] if wire_dtype == "uint8" else (lambda x: x)
 
     def one(e):
         seed = tf.stack([tf.cast(prep_seed, tf.int64), e["position"]])
-        return quantize(prep(e["encoded"], seed)), tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
+        if cache is None:
+            image = prep(e["encoded"], seed)
+        else:
+            image = from_pixels(cached_decode(cache, e), seed)
+        return quantize(image), tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
 
     return one
+
+
+def cached_decode(cache, e):
+    """The sample's decoded uint8 pixels from ``cache``, else decoded (as the tf backend decodes)
+    and offered to it."""
+    import tensorflow as tf
+
+    from enspipe.data.preprocessing import decode
+
+    def get(sample, epoch):
+        pixels = cache.get(int(sample), int(epoch))
+        return np.zeros((0, 0, 3), np.uint8) if pixels is None else pixels
+
+    def put(sample, pixels):
+        return np.bool_(cache.put(int(sample), pixels))
+
+    held = tf.numpy_function(get, [e["id"], e["epoch"]], tf.uint8, stateful=True)
+    held.set_shape([None, None, 3])
+
+    def decoded():
+        image = decode(e["encoded"])
+        with tf.control_dependencies([tf.numpy_function(put, [e["id"], image], tf.bool, stateful=True)]):
+            return tf.identity(image)
+
+    return tf.cond(tf.size(held) > 0, lambda: held, decoded)
 
 
 def tf_data_options(threads: int):
@@ -133,12 +165,14 @@ class Pipeline:
     def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
                  preprocessing: "str | UserPreprocess", image_size: int, threads: int, order_seed: int, prep_seed: int,
                  shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
-                 wire_dtype: str, sample_interval: float, events, backend: str = "tf", impl: str = "crop-first"):
+                 wire_dtype: str, sample_interval: float, events, backend: str = "tf", impl: str = "crop-first",
+                 cache=None):
         self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
         self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
         self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
         self.sample_interval, self.events, self.backend, self.impl = sample_interval, events, backend, impl
+        self.cache = cache  # a DecodeCache, or None
         if backend == "tf":  # imported here, not first in a stage thread: two threads importing it at once deadlock
             import tensorflow  # noqa: F401
         self.image_shape, self.image_dtype = output_spec(preprocessing, image_size, wire_dtype)
@@ -235,10 +269,11 @@ class Pipeline:
         slice_len = self.share[1] - self.share[0]
         if self.backend == "pillow":
             return PillowEngine(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed,
-                                self.threads, self.skip_corrupt)
-        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed, self.impl)
+                                self.threads, self.skip_corrupt, self.cache)
+        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed, self.impl,
+                         self.cache)
         return TfEngine(one, self.image_shape, self.image_dtype, self._options(), self.threads, self.skip_corrupt,
-                        slice_len, self.unit, self.depth)
+                        slice_len, self.unit, self.depth, self.cache)
 
     def _preprocess(self) -> None:
         slice_len = self.share[1] - self.share[0]
@@ -360,11 +395,15 @@ class Pipeline:
             return 0
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop the stages; with a decode cache, free it once they have ended (collective over the
+        node's members, as every member closes its pipeline)."""
         self.stop.set()
         with self._cond:
             self._cond.notify_all()
         for t in self._threads:
             t.join(timeout)
+        if self.cache is not None and not any(t.is_alive() for t in self._threads):
+            self.cache.free()
 
     def occupancy_stats(self, t0: float, t1: float) -> dict:
         return occupancy_stats(self.samples, QUEUES, self.depth, t0, t1)
@@ -394,11 +433,18 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
     engine = ExchangeEngine(scheme, rank, transport, stream.batch_size, fixed_blocks=not stream.skip_corrupt,
                             unit=unit)
     seed = stream.seed + (0 if scheme.shared else rank)  # baseline members each have their own stream
+    cache = None
+    if stream.decode_cache:
+        from mpi4py import MPI
+
+        from enspipe.run.decode_cache import DecodeCache
+
+        cache = DecodeCache(MPI, comm, stream.decode_cache, manifest.num_images)
     pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=stream.batch_size,
                         preprocessing=preprocessing, image_size=stream.image_size, threads=threads,
                         order_seed=seed, prep_seed=seed, shuffle_buffer=stream.shuffle_buffer,
                         queue_depth=stream.queue_depth, skip_corrupt=stream.skip_corrupt,
                         fast_mode=stream.fast_mode, wire_dtype=stream.wire_dtype,
                         sample_interval=stream.sample_interval, events=events, backend=stream.backend,
-                        impl=stream.preprocess_impl)
+                        impl=stream.preprocess_impl, cache=cache)
     return transport, pipeline

@@ -33,18 +33,19 @@ class PillowEngine:
     """Each slice's images decoded and augmented one per task on a pool of ``threads`` threads."""
 
     def __init__(self, preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed: int,
-                 threads: int, skip_corrupt: bool):
+                 threads: int, skip_corrupt: bool, cache=None):
         from enspipe.data import pixels
 
         self.pixels, self.name, self.size, self.fast_mode = pixels, preprocessing, size, fast_mode
-        self.wire_dtype, self.prep_seed, self.skip_corrupt = wire_dtype, prep_seed, skip_corrupt
+        self.wire_dtype, self.prep_seed, self.skip_corrupt, self.cache = wire_dtype, prep_seed, skip_corrupt, cache
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-pillow",
                                        initializer=set_thread_name, initargs=("enspipe-pillow",))
 
-    def _one(self, encoded: bytes, position: int):
+    def _one(self, encoded: bytes, position: int, sample: int, epoch: int):
         px = self.pixels
         try:
-            image = px.PREPROCESSING[self.name](encoded, self.size, px.generator(self.prep_seed, position), self.fast_mode)
+            source = encoded if self.cache is None else self.cache.decoded(sample, epoch, lambda: px.decode(encoded))
+            image = px.PREPROCESSING[self.name](source, self.size, px.generator(self.prep_seed, position), self.fast_mode)
         except px.Undecodable as e:
             return e
         return px.to_wire(self.name, image, self.wire_dtype)
@@ -53,7 +54,8 @@ class PillowEngine:
         while True:
             item = take()
             t = time.perf_counter()
-            out = list(self.pool.map(self._one, item["encoded"], item["position"].tolist()))
+            out = list(self.pool.map(self._one, item["encoded"], item["position"].tolist(), item["id"].tolist(),
+                                     item["epoch"].tolist()))
             ok = np.array([not isinstance(x, Exception) for x in out], bool)
             if not ok.all() and not self.skip_corrupt:
                 bad = int(np.argmin(ok))
@@ -75,8 +77,9 @@ class TfEngine:
     an end marker (a slice may lose images; each keeps its own bounds)."""
 
     def __init__(self, one, image_shape, image_dtype, options, threads: int, skip_corrupt: bool,
-                 slice_len: int, unit: int, depth: int):
+                 slice_len: int, unit: int, depth: int, cache=None):
         self.one, self.image_shape, self.image_dtype, self.options = one, image_shape, image_dtype, options
+        self.cache = cache
         self.threads, self.skip_corrupt, self.slice_len, self.unit, self.depth = threads, skip_corrupt, slice_len, \
             unit, depth
         self._iterator = None  # kept until close(), so its pool threads' CPU stays visible
@@ -101,6 +104,7 @@ class TfEngine:
                 yield {k: item[k] for k in ("encoded", "id", "epoch", "position", "label")}
 
         it = self._iterator = iter(self._dataset(gen))
+        calibrate = self.cache is not None and not self.cache.decodes
         while True:
             t, w = time.perf_counter(), waited[0]
             try:
@@ -112,12 +116,33 @@ class TfEngine:
                     raise DataError(_diagnose(pending, e)) from None
                 raise
             raw = pending.popleft()
+            if calibrate:  # the cache's CPU saved is its hits times this decode cost, measured here
+                calibrate = self._time_decodes(raw["encoded"][:9])
             images, meta = images.numpy(), meta.numpy()
             if self.skip_corrupt:  # the end marker goes
                 keep = meta[:, 0] != -1
                 images, meta = images[keep], meta[keep]
             took = time.perf_counter() - t  # less the input's waits, which tf.data may overlap with it
             yield raw, images, meta, took - min(took, waited[0] - w)
+
+    def _time_decodes(self, encoded) -> bool:
+        """The decode cache's decode cost: TensorFlow's decode of a few of the member's JPEGs on
+        this thread's CPU clock, the first call (its setup) not counted (the graph's decodes cannot
+        be timed one by one). False: done."""
+        import tensorflow as tf
+
+        from enspipe.data.preprocessing import decode
+
+        for i, jpeg in enumerate(encoded):
+            t = time.thread_time()
+            try:
+                decode(tf.constant(jpeg))
+            except tf.errors.OpError:  # an undecodable one: the pipeline says so itself
+                continue
+            if i:
+                self.cache.decode_seconds += time.thread_time() - t
+                self.cache.decodes += 1
+        return False
 
     def _dataset(self, gen):
         import tensorflow as tf

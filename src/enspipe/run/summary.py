@@ -16,6 +16,7 @@ from enspipe.common import keys, phases
 from enspipe.plan.config import RunConfig
 from enspipe.plan.grid import Cell
 from enspipe.plan.schemes import AUTO
+from enspipe.run.decode_cache import cache_summary
 
 if TYPE_CHECKING:
     from enspipe.run.job import Job
@@ -90,6 +91,7 @@ def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
         **w.exchange,
         "delivery": member.delivery.summary(),
         "gradient_exchange": _exchange_report(job) if max(cfg.training.data_parallel) > 1 else None,
+        "decode_cache": job.pipeline.cache.report() if getattr(job.pipeline, "cache", None) else None,
     }
 
 
@@ -185,6 +187,7 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "gradient_exchange": cfg.gradient_spec.label() if max(t.data_parallel) > 1 and t.consumer == "train" else None,
         "preprocessing": job.preprocessing, "fast_mode": cfg.preprocess.fast_mode,
         "preprocess_impl": _impl(cfg, job.preprocessing), "seed": cfg.stream.seed,
+        "decode_cache": cache_summary(reports),
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
                     "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer, cfg.backend),

@@ -1,0 +1,138 @@
+"""The decoded-image cache (``--decode-cache``, ``SharedStream(decode_cache=...)``): node-shared
+pixels that later epochs take instead of decoding, the augmentation and the delivery unchanged."""
+import numpy as np
+import pytest
+
+from conftest import enspipe, step_values, summary
+
+from enspipe.plan.errors import ConfigError
+from enspipe.plan.options import parse_size
+
+COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "20", "--warmup", "0",
+          "--image-size", "32", "--shuffle-buffer", "16", "--batch-checksums", "--cpu-monitor", "none"]
+
+
+def _run(dataset, out, n, *args):
+    r = enspipe("run", "--data", dataset, "--out", out, *COMMON, *args, n=n)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return summary(out)
+
+
+def test_sizes():
+    assert parse_size("8GB") == 8 * 10**9 and parse_size("512MiB") == 2**29 and parse_size("1.5g") == 15 * 10**8
+    assert parse_size("0") == 0 == parse_size(0) and parse_size("4096") == 4096
+    for bad in ("abc", "-1", "8XB", "", "GB"):
+        with pytest.raises(ValueError, match="not a size"):
+            parse_size(bad)
+
+
+@pytest.mark.parametrize("budget, says", [("lots", "not a size"), ("900TB", "available memory")])
+def test_a_budget_that_is_not_a_size_or_does_not_fit_fails_before_any_work(dataset, tmp_path, budget, says):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--decode-cache", budget, *COMMON)
+    assert r.returncode == 2 and "--decode-cache" in r.stderr and says in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_the_library_checks_the_budget_too(dataset):
+    from enspipe.plan.stream import StreamConfig
+
+    with pytest.raises(ConfigError, match="decode_cache"):
+        StreamConfig(data=dataset, batch_size=8, decode_cache="eight gigs", backend="pillow")
+    with pytest.raises(ConfigError, match="available memory"):
+        StreamConfig(data=dataset, batch_size=8, decode_cache="900TB", backend="pillow").check()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["tf", "pillow"])
+def test_later_epochs_hit_and_no_pixel_changes(dataset, tmp_path, backend):
+    """All-Shared, 2 members, 3+ epochs of 50 images: epoch 0 decodes every sample once, later
+    epochs take every one from the cache. A cache too small for all of them (about 4 images a
+    member) mixes hits and decodes, and delivers the same pixels; on the tf backend both equal the
+    pixels of no cache at all. Every sample once per epoch, as without the cache."""
+    args = ("--scheme", "all_shared", "--backend", backend)
+    big = _run(dataset, tmp_path / "big", 2, *args, "--decode-cache", "256MB")
+    small = _run(dataset, tmp_path / "small", 2, *args, "--decode-cache", "4MB")
+    c = big["decode_cache"]
+    rates = [e["hit_rate"] for e in c["epochs"]]
+    assert rates[0] == 0.0 and all(r == 1.0 for r in rates[1:]) and len(rates) >= 3, c["epochs"]
+    assert c["images_held"] == 50 and c["misses"] == 50 and c["not_stored_full"] == 0
+    assert c["bytes_held"] == sum(int(np.prod(s)) for s in _shapes(dataset))
+    assert c["cpu_saved_seconds"] > 0 and c["decode_cpu_seconds_per_image"] > 0
+    s = small["decode_cache"]
+    assert 0 < s["images_held"] < 20 and s["not_stored_full"] > 0 and 0 < s["hits"] < c["hits"]
+    want = step_values(tmp_path / "big", 0, "batch_checksum")
+    assert step_values(tmp_path / "small", 0, "batch_checksum") == want
+    assert step_values(tmp_path / "big", 1, "batch_checksum") == want
+    for run in (big, small):
+        assert run["delivery"]["exactly_once"] is True, run["delivery"]
+    if backend == "tf":
+        none = _run(dataset, tmp_path / "none", 2, *args)
+        assert none["decode_cache"] is None
+        assert step_values(tmp_path / "none", 0, "batch_checksum") == want
+
+
+def _shapes(dataset) -> list[tuple[int, ...]]:
+    from enspipe.data.build import load_manifest
+    from enspipe.data.pixels import decode
+    from enspipe.data.shards import read_slices
+
+    m = load_manifest(dataset)
+    return [decode(e).shape for e in next(read_slices(m, 0, 0, False, m.num_images, 0, m.num_images))["encoded"]]
+
+
+class _DictCache:
+    """A cache's get and put over a dict (the element function's side of it)."""
+
+    def __init__(self):
+        self.held, self.gets, self.puts = {}, 0, 0
+
+    def get(self, sample, epoch):
+        self.gets += 1
+        return self.held.get(sample)
+
+    def put(self, sample, pixels):
+        self.puts += 1
+        self.held[sample] = pixels.copy()
+        return True
+
+
+@pytest.mark.parametrize("impl", ["crop-first", "reference"])
+def test_cached_pixels_give_the_encoded_paths_values(impl):
+    """The tf backend's element function with a cache: a miss decodes and stores, a hit takes the
+    stored pixels, and both give the values of no cache (a user's function, which takes decoded
+    images, too)."""
+    import tensorflow as tf
+
+    from enspipe.data.preprocessing import UserPreprocess
+    from enspipe.data.synthetic import synthetic_jpeg
+    from enspipe.run.pipeline import element_fn
+
+    user = UserPreprocess(lambda image, seed: tf.image.resize(image, [16, 16]) + tf.cast(seed[1], tf.float32),
+                          (16, 16, 3), np.dtype(np.float32))
+    for prep in ("inception", user):
+        cache = _DictCache()
+        plain = element_fn(prep, 48, False, "float32", 3, impl)
+        cached = element_fn(prep, 48, False, "float32", 3, impl, cache)
+        for epoch in range(2):
+            for i in range(3):
+                e = {"encoded": tf.constant(synthetic_jpeg(0, i)[0]), "id": tf.constant(10**12 + i, tf.int64),
+                     "epoch": tf.constant(epoch, tf.int64), "position": tf.constant(7 * i + epoch, tf.int64),
+                     "label": tf.constant(0, tf.int64)}
+                assert np.array_equal(plain(e)[0].numpy(), cached(e)[0].numpy())
+        assert cache.puts == 3 and cache.gets == 6 and len(cache.held) == 3
+
+
+@pytest.mark.mpi
+def test_the_library_caches_for_a_users_preprocess_function(dataset, tmp_path):
+    """``SharedStream(decode_cache=...)`` with a user's function (it takes decoded images): the
+    batches of 4 epochs are those of no cache."""
+    from test_api import members
+
+    got = {}
+    for budget in ("64MB", 0):
+        (tmp_path / str(budget)).mkdir()
+        r, res = members("checksums", 2, tmp_path / str(budget), data=dataset, batch_size=10, preprocess="gray40",
+                         scheme="all_shared", decode_cache=budget, steps=20)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[budget] = [x["first"] for x in res[0]["rows"]]
+    assert got["64MB"] == got[0] and len(got[0]) == 20
