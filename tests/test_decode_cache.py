@@ -136,3 +136,10 @@ def test_the_library_caches_for_a_users_preprocess_function(dataset, tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         got[budget] = [x["first"] for x in res[0]["rows"]]
     assert got["64MB"] == got[0] and len(got[0]) == 20
+
+
+def test_one_member_alone_caches_too(dataset, tmp_path):
+    """A job of one process (MPI's window then is private memory, not a node's fresh pages)."""
+    c = _run(dataset, tmp_path / "one", None, "--decode-cache", "128MB")["decode_cache"]
+    assert [e["hit_rate"] for e in c["epochs"]][:3] == [0.0, 1.0, 1.0] and c["images_held"] == 50
+    assert c["bytes_held"] == sum(int(np.prod(s)) for s in _shapes(dataset))

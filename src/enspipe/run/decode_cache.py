@@ -56,7 +56,9 @@ class DecodeCache:
         self.stored = self.full = 0
         self.decode_seconds, self.decodes = 0.0, 0
         self._final: dict | None = None
-        self.node.Barrier()  # every part mapped (and zeroed: a fresh window's pages are) before any get
+        header, table, _ = self.mine
+        header[:], table[:] = 0, 0  # (a window of one member is private memory, not zeroed pages)
+        self.node.Barrier()  # every part mapped and emptied before any get
 
     def _part(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         buf, _ = self.win.Shared_query(rank)
