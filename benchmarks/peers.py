@@ -8,6 +8,8 @@ the area, one of four resize methods, a flip and four colour distortions in a ra
 
 * enspipe tf reference / crop-first / crop-first with a warm decode cache (Slim's augmentation);
 * enspipe pillow, and with a warm decode cache (Slim's augmentation, Pillow's arithmetic);
+* enspipe's ``fused-colour`` path on both backends: Slim's draws, the colour distortion as one
+  affine map in YIQ (an approximation; its error is in the summary of a cell that uses it);
 * TensorFlow Model Garden's ResNet ImageNet training input (``imagenet_preprocessing.py``, written
   here from its published description): fused decode-and-crop of a distorted box, a flip, a
   bilinear resize, channel means subtracted; no colour distortion;
@@ -33,6 +35,7 @@ from steps import images_of, tf_cpu
 
 SLIM = "Slim inception (crop, 4 resize methods, flip, colour x4)"
 CROP_FLIP = "crop, bilinear resize, flip; no colour"
+FUSED = "Slim's draws, colour x4 as one affine map in YIQ (an approximation)"
 MEANS = np.array([123.68, 116.78, 103.94], np.float32)
 
 
@@ -178,16 +181,19 @@ def enspipe_rows(size: int):
     return [("enspipe tf reference", "tf", make_preprocess_fn("inception", size, False, "reference"), SLIM, False),
             ("enspipe tf crop-first", "tf", make_preprocess_fn("inception", size), SLIM, False),
             ("enspipe tf crop-first + warm cache", "tf", None, SLIM, True),
+            ("enspipe tf fused-colour (APPROX.)", "tf", make_preprocess_fn("inception", size, False, "fused-colour"),
+             FUSED, False),
             ("enspipe pillow", "py", _pillow(size, None), SLIM + ", Pillow arithmetic", False),
-            ("enspipe pillow + warm cache", "py", None, SLIM + ", Pillow arithmetic", True)]
+            ("enspipe pillow + warm cache", "py", None, SLIM + ", Pillow arithmetic", True),
+            ("enspipe pillow fused-colour (APPROX.)", "py", _pillow(size, None, fused=True), FUSED, False)]
 
 
-def _pillow(size: int, cache):
+def _pillow(size: int, cache, fused: bool = False):
     from enspipe.data import pixels as px
 
     def fn(encoded, i):
         source = encoded if cache is None else cache.decoded(i, 0, lambda: px.decode(encoded))
-        return px.to_wire("inception", px.inception_train(source, size, px.generator(0, i)), "float32")
+        return px.to_wire("inception", px.inception_train(source, size, px.generator(0, i), False, fused), "float32")
 
     return fn
 

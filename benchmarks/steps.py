@@ -7,7 +7,8 @@ share of the whole, one thread, on the embedded synthetic JPEGs and on natural p
 TensorFlow's steps run as tf.data maps on one thread (a private pool of 1, one thread per op; one
 iterator over the images repeated, so its setup is not counted), and
 a step's cost is the difference between the pipeline up to it and the pipeline up to the step
-before, each the median of the repeats over the same images: a step's row is the CPU it adds. A
+before, taken within each repeat (every pipeline's pass runs once per repeat, interleaved), the
+median over the repeats: a step's row is the CPU it adds. A
 step drawn at random per image (the resize method; the colour ordering) is measured per draw: the
 resize row is the mean of the four methods (one is drawn per image), a colour op's row is that op
 added after the flip (every image gets each of the four ops in full mode). The pillow backend's
@@ -40,8 +41,9 @@ def images_of(name: str, n: int) -> list[bytes]:
     return list(next(read_slices(m, 0, 0, False, n, 0, n))["encoded"])
 
 
-def tf_cpu(encoded, fn, repeats: int) -> float:
-    """Median CPU seconds per image of ``fn(encoded, seed)`` mapped over the images on one thread."""
+def tf_iterator(encoded, fn):
+    """An iterator of ``fn(encoded, seed)`` mapped over the images, repeated, on one thread (one
+    iterator, so its setup is not counted), after a warm-up pass."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices(encoded).enumerate()
@@ -49,16 +51,24 @@ def tf_cpu(encoded, fn, repeats: int) -> float:
     opts = tf.data.Options()
     opts.threading.private_threadpool_size = 1
     opts.threading.max_intra_op_parallelism = 1
-    it = iter(ds.repeat().with_options(opts))  # one iterator: its setup is not counted
+    it = iter(ds.repeat().with_options(opts))
     for _ in range(len(encoded)):  # warm-up: tracing, the pool
         next(it)
-    cpus = []
-    for _ in range(repeats):
-        cpu = time.process_time()
-        for _ in range(len(encoded)):
-            next(it)
-        cpus.append(time.process_time() - cpu)
-    return float(np.median(cpus)) / len(encoded)
+    return it
+
+
+def one_pass(it, n: int) -> float:
+    """CPU seconds per image of the iterator's next ``n`` elements."""
+    cpu = time.process_time()
+    for _ in range(n):
+        next(it)
+    return (time.process_time() - cpu) / n
+
+
+def tf_cpu(encoded, fn, repeats: int) -> float:
+    """Median CPU seconds per image of ``fn(encoded, seed)`` mapped over the images on one thread."""
+    it = tf_iterator(encoded, fn)
+    return float(np.median([one_pass(it, len(encoded)) for _ in range(repeats)]))
 
 
 def tf_prefixes(impl: str, size: int) -> list[tuple[str, str, object]]:
@@ -114,25 +124,31 @@ def tf_prefixes(impl: str, size: int) -> list[tuple[str, str, object]]:
 
 
 def profile_tf(encoded, impl: str, size: int, repeats: int) -> list[tuple[str, float]]:
-    """``(row, CPU seconds per image)`` of each step, plus ``whole``."""
+    """``(row, CPU seconds per image)`` of each step, plus ``whole``: every prefix's pass runs once
+    per repeat, all of them interleaved, and a step's cost is the median over the repeats of its
+    difference within the repeat (a drift of the machine's speed cancels)."""
     from enspipe.data.preprocessing import make_preprocess_fn
 
-    rows, base, resizes = [], 0.0, []
-    for name, mode, prefix in tf_prefixes(impl, size):
-        cost = tf_cpu(encoded, prefix, repeats)
-        if mode == "mean":
-            resizes.append(cost - base)
-            rows.append((f"  {name}", cost - base))
-        elif mode == "each":
-            rows.append((name, cost - base))
-        elif name.startswith("resize"):  # the prefix goes on from the bilinear resize
-            rows.append((name, float(np.mean(resizes))))
-            base = cost
-        else:
-            rows.append((name, cost - base))
-            base = cost
-    whole = tf_cpu(encoded, make_preprocess_fn("inception", size, False, impl), repeats)
-    return rows + [("whole", whole)]
+    rows = tf_prefixes(impl, size)
+    its = [tf_iterator(encoded, prefix) for _, _, prefix in rows]
+    whole_it = tf_iterator(encoded, make_preprocess_fn("inception", size, False, impl))
+    passes = []
+    for _ in range(repeats):
+        passes.append(([one_pass(it, len(encoded)) for it in its], one_pass(whole_it, len(encoded))))
+    out = []
+    for r in range(len(rows)):
+        out.append((rows[r][0], float(np.median([_step(rows, costs, r) for costs, _ in passes]))))
+    return out + [("whole", float(np.median([w for _, w in passes])))]
+
+
+def _step(rows, costs: list[float], r: int) -> float:
+    """Row ``r``'s cost in one repeat: its prefix less the last ``step`` prefix before it (a
+    ``resize`` step row: the mean of the methods' rows before it)."""
+    name, mode, _ = rows[r]
+    base = next((costs[k] for k in range(r - 1, -1, -1) if rows[k][1] == "step"), 0.0)
+    if mode == "step" and name.startswith("resize"):
+        return float(np.mean([costs[k] - base for k in range(r) if rows[k][1] == "mean"]))
+    return costs[r] - base
 
 
 def profile_pillow(encoded, size: int, repeats: int) -> list[tuple[str, float]]:

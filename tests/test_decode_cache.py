@@ -45,8 +45,11 @@ def test_the_library_checks_the_budget_too(dataset):
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["tf", "pillow"])
 def test_later_epochs_hit_and_no_pixel_changes(dataset, tmp_path, backend):
-    """All-Shared, 2 members, 3+ epochs of 50 images: epoch 0 decodes every sample once, later
-    epochs take every one from the cache. A cache too small for all of them (about 4 images a
+    """All-Shared, 2 members, 3+ epochs of 50 images: the node decodes every sample once (twice
+    where both members decode it at the same moment), every other lookup hits. Which epoch's
+    lookup is the first depends on how far ahead a member's pipeline runs (it may preprocess a
+    later epoch's share of a sample before the other preprocesses its share of an earlier one), so
+    the count is per node, not per epoch. A cache too small for all of them (about 4 images a
     member) mixes hits and decodes, and delivers the same pixels; on the tf backend both equal the
     pixels of no cache at all. Every sample once per epoch, as without the cache."""
     args = ("--scheme", "all_shared", "--backend", backend)
@@ -54,9 +57,10 @@ def test_later_epochs_hit_and_no_pixel_changes(dataset, tmp_path, backend):
     small = _run(dataset, tmp_path / "small", 2, *args, "--decode-cache", "4MB")
     c = big["decode_cache"]
     rates = [e["hit_rate"] for e in c["epochs"]]
-    assert rates[0] == 0.0 and all(r == 1.0 for r in rates[1:]) and len(rates) >= 3, c["epochs"]
-    assert c["images_held"] == 50 and c["misses"] == 50 and c["not_stored_full"] == 0
-    assert c["bytes_held"] == sum(int(np.prod(s)) for s in _shapes(dataset))
+    assert len(rates) >= 3 and rates[0] < 0.5 and rates[-1] == 1.0, c["epochs"]
+    assert 50 <= c["images_held"] <= 52 and 50 <= c["misses"] <= 52 and c["not_stored_full"] == 0
+    assert c["hits"] + c["misses"] == sum(e["lookups"] for e in c["epochs"]) >= 150
+    assert c["bytes_held"] >= sum(int(np.prod(s)) for s in _shapes(dataset))
     assert c["cpu_saved_seconds"] > 0 and c["decode_cpu_seconds_per_image"] > 0
     s = small["decode_cache"]
     assert 0 < s["images_held"] < 20 and s["not_stored_full"] > 0 and 0 < s["hits"] < c["hits"]
@@ -143,3 +147,15 @@ def test_one_member_alone_caches_too(dataset, tmp_path):
     c = _run(dataset, tmp_path / "one", None, "--decode-cache", "128MB")["decode_cache"]
     assert [e["hit_rate"] for e in c["epochs"]][:3] == [0.0, 1.0, 1.0] and c["images_held"] == 50
     assert c["bytes_held"] == sum(int(np.prod(s)) for s in _shapes(dataset))
+
+
+@pytest.mark.parametrize("backend", ["tf", "pillow"])
+def test_an_approximation_says_so_with_its_measured_error(dataset, tmp_path, backend):
+    s = _run(dataset, tmp_path / "f", None, "--preprocess-impl", "fused-colour", "--backend", backend)
+    a = s["approximation"]
+    assert s["preprocess_impl"] in ("fused-colour", "pillow fused-colour") and a["samples"] == 16
+    assert 0 < a["mean_abs_error"] <= a["p99_abs_error"] <= a["max_abs_error"] <= 2 and "YIQ" in a["what"]
+    from enspipe.report.collect import preprocessing_path
+
+    assert "APPROXIMATION" in preprocessing_path(s)
+    assert _run(dataset, tmp_path / "e", None, "--backend", backend)["approximation"] is None

@@ -103,3 +103,38 @@ def test_png_takes_the_whole_decode():
 def test_unknown_implementation():
     with pytest.raises(ValueError, match="unknown preprocessing implementation"):
         make_preprocess_fn("inception", 32, impl="fast")
+
+
+def test_the_fused_colour_map_is_slims_affine_steps_and_keeps_luma():
+    """colour_map: brightness and contrast fuse exactly (they are affine); saturation 1 and hue 0
+    are the identity; a hue turn keeps YIQ's luma, as DALI's Hsv does."""
+    from enspipe.data.pixels import YIQ, colour_map
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (3, 500))
+    means = x.mean(axis=1, keepdims=True)
+    a, b = colour_map("bc", {"b": 0.1, "c": 1.3}, means)
+    y = x + 0.1
+    y = (y - y.mean(axis=1, keepdims=True)) * 1.3 + y.mean(axis=1, keepdims=True)
+    assert np.allclose(a @ x + b, y)
+    a, b = colour_map("sh", {"s": 1.0, "h": 0.0}, means)
+    assert np.allclose(a, np.eye(3)) and np.allclose(b, 0)
+    a, b = colour_map("h", {"h": 0.15}, means)
+    assert np.allclose(YIQ[0] @ (a @ x + b), YIQ[0] @ x) and not np.allclose(a @ x, x)
+
+
+def test_fused_colour_is_an_approximation_and_is_refused_beside_a_function(tmp_path):
+    from enspipe.plan.errors import ConfigError
+    from enspipe.plan.stream import StreamConfig
+
+    jpeg = tf.io.encode_jpeg(synthetic_image(0, 3, 10)[0], quality=90)
+    seed = tf.constant([1, 4], tf.int64)
+    exact = make_preprocess_fn("inception", 64)(jpeg, seed).numpy()
+    fused = make_preprocess_fn("inception", 64, impl="fused-colour")(jpeg, seed).numpy()
+    assert fused.shape == exact.shape and fused.min() >= -1 and fused.max() <= 1
+    assert not np.array_equal(fused, exact)
+    with pytest.raises(ConfigError, match="preprocess_impl"):
+        StreamConfig(data=str(tmp_path), batch_size=8, preprocess=lambda image, seed: image,
+                     preprocess_impl="fused-colour")
+    with pytest.raises(ConfigError, match="preprocess_impl"):
+        StreamConfig(data=str(tmp_path), batch_size=8, preprocess_impl="reference", backend="pillow")

@@ -61,9 +61,12 @@ SUMMARY: dict[str, str] = {
     "malloc": "the members' malloc policy in force (--malloc): keep (freed images' pages reused in place), "
               "system, or system with why keep could not be applied",
     "preprocessing": "inception or vgg", "fast_mode": "Slim's fast_mode",
-    "preprocess_impl": "the built-in's implementation: crop-first or reference (tf), pillow",
+    "preprocess_impl": "the built-in's implementation: crop-first, reference or fused-colour (tf), pillow or "
+                       "pillow fused-colour; user for a preprocess function",
     "decode_cache": "the node-shared decoded-image cache: hit rate per epoch, bytes held, CPU saved (estimated; "
                     "null when off)",
+    "approximation": "an approximate preprocessing path (fused-colour): what it is and its error against the "
+                     "exact path, measured on the dataset's first images after the window (null for an exact path)",
     "seed": "base seed",
     "dataset": "path, size, digest, whether synthetic, effective shuffle buffer, and the source folder's "
                "accounting (images included, files skipped and ignored by reason; null for TFRecords)",

@@ -134,6 +134,55 @@ def _shift_hue(im: Image.Image, delta: float) -> Image.Image:
     return Image.merge("RGB", out)
 
 
+# RGB -> YIQ (NTSC), and its inverse: the colour space of the fused colour distortion
+YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+YIQ_INV = np.linalg.inv(YIQ)
+
+
+class NP_MATRICES:
+    """The 3x3 helpers :func:`colour_map` takes, in numpy (float64)."""
+
+    constant = staticmethod(np.asarray)
+    cos, sin = np.cos, np.sin
+
+    @staticmethod
+    def rotation(c, s):
+        return np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+
+
+def colour_map(order: str, factors: dict, means, xp=NP_MATRICES):
+    """Slim's colour distortion in ``order`` fused into one affine map ``x -> A x + b`` of the
+    pixels (``b`` a column), with hue and saturation as DALI's ``Hsv`` does them: a rotation and a
+    scaling of YIQ's chroma (HSV's steps keep value and saturation instead, so the two differ).
+    ``b``rightness adds, ``c``ontrast scales about the image's current channel means (``means``:
+    the input's, a column in its units). An approximation, opt-in (``fused-colour``). ``xp``: the
+    array helpers (numpy's, or TensorFlow's in :mod:`enspipe.data.preprocessing`)."""
+    yiq, yiq_inv = xp.constant(YIQ), xp.constant(YIQ_INV)
+    a, b = xp.constant(np.eye(3)), xp.constant(np.zeros((3, 1)))
+    for op in order:
+        f = factors[op]
+        if op == "b":
+            b = b + f
+        elif op == "c":
+            a, b = f * a, f * b + (1 - f) * (a @ means + b)
+        else:
+            theta, scale = (-2 * np.pi * f, 1.0) if op == "h" else (0.0 * f, f)
+            m = yiq_inv @ xp.rotation(xp.cos(theta) * scale, xp.sin(theta) * scale) @ yiq
+            a, b = m @ a, m @ b
+    return a, b
+
+
+def _fused_colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image.Image:
+    """:func:`_colour`'s draws and order as one affine map in YIQ, applied by Pillow in C (rounded
+    and clipped once)."""
+    orders = ("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb")
+    order = orders[int(rng.integers(0, len(orders)))]
+    factors = dict(zip("bshc", (rng.uniform(-32 / 255, 32 / 255) * 255, rng.uniform(0.5, 1.5),
+                                rng.uniform(-0.2, 0.2), rng.uniform(0.5, 1.5))))
+    a, b = colour_map(order, factors, np.asarray(ImageStat.Stat(im).mean)[:, None])
+    return im.convert("RGB", tuple(np.concatenate([a, b], axis=1).ravel().tolist()))
+
+
 def _colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image.Image:
     """Slim's colour distortion in one of its orderings: brightness and contrast by lookup tables
     (contrast about each channel's mean), saturation and hue in RGB, as HSV defines them."""
@@ -160,9 +209,10 @@ def colour_op(im: Image.Image, op: str, value: float) -> Image.Image:
 
 
 def inception_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
-                    fast_mode: bool = False) -> np.ndarray:
+                    fast_mode: bool = False, fused: bool = False) -> np.ndarray:
     """Slim-style inception training preprocessing -> uint8 ``size x size x 3`` (the values in
-    [-1, 1] are ``x / 127.5 - 1``: see :func:`to_wire`)."""
+    [-1, 1] are ``x / 127.5 - 1``: see :func:`to_wire`); ``fused``: the colour distortion as one
+    affine map in YIQ (:func:`colour_map`, an approximation)."""
     im = _opened(encoded)
     left, top, w, h = sample_crop(rng, *im.size)
     method = _METHODS[0] if fast_mode else _METHODS[int(rng.integers(0, len(_METHODS)))]
@@ -170,7 +220,7 @@ def inception_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Gen
     im = im.resize((size, size), method, box=box)
     if rng.random() < 0.5:
         im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray(_colour(im, rng, fast_mode))
+    return np.asarray((_fused_colour if fused else _colour)(im, rng, fast_mode))
 
 
 def vgg_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,

@@ -49,6 +49,37 @@ def _distort_color(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Te
     return tf.clip_by_value(image, 0.0, 1.0)
 
 
+def _fused_colour(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Tensor) -> tf.Tensor:
+    """Slim's colour distortion (its draws, its order) as one affine map in YIQ
+    (:func:`enspipe.data.pixels.colour_map`), clipped to [0, 1] once at the end as Slim clips."""
+    from enspipe.data.pixels import colour_map
+
+    s = _seeds(seed, 4)
+    draws = {"b": tf.random.stateless_uniform([], s[0], minval=-32.0 / 255.0, maxval=32.0 / 255.0),
+             "s": tf.random.stateless_uniform([], s[1], minval=0.5, maxval=1.5),
+             "h": tf.random.stateless_uniform([], s[2], minval=-0.2, maxval=0.2),
+             "c": tf.random.stateless_uniform([], s[3], minval=0.5, maxval=1.5)}
+    order = (("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb"))[ordering]
+    a, b = colour_map(order, draws, tf.reshape(tf.reduce_mean(image, axis=[0, 1]), [3, 1]), _TF_MATRICES)
+    out = tf.reshape(image, [-1, 3]) @ tf.transpose(a) + tf.reshape(b, [1, 3])
+    return tf.clip_by_value(tf.reshape(out, tf.shape(image)), 0.0, 1.0)
+
+
+class _TF_MATRICES:
+    """The 3x3 helpers :func:`enspipe.data.pixels.colour_map` takes, in TensorFlow (float32)."""
+
+    @staticmethod
+    def constant(x):
+        return tf.constant(x, tf.float32)
+
+    @staticmethod
+    def rotation(c, s):
+        one, zero = tf.ones([]), tf.zeros([])
+        return tf.stack([tf.stack([one, zero, zero]), tf.stack([zero, c, -s]), tf.stack([zero, s, c])])
+
+    cos, sin = tf.cos, tf.sin
+
+
 def _switch(index: tf.Tensor, branches: list[Callable[[], tf.Tensor]]) -> tf.Tensor:
     return branches[0]() if len(branches) == 1 else tf.switch_case(index, branches)
 
@@ -69,12 +100,15 @@ def _resize(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool) -> tf
                    [lambda m=m: tf.cast(tf.image.resize(image, [size, size], method=m), tf.float32) for m in methods])
 
 
-def _flip_and_colour(image: tf.Tensor, size: int, s: list[tf.Tensor], fast_mode: bool) -> tf.Tensor:
-    """Slim's random flip and colour distortion of the resized crop (float in [0, 1]) -> [-1, 1]."""
+def _flip_and_colour(image: tf.Tensor, size: int, s: list[tf.Tensor], fast_mode: bool,
+                     fused: bool = False) -> tf.Tensor:
+    """Slim's random flip and colour distortion of the resized crop (float in [0, 1]) -> [-1, 1];
+    ``fused``: the distortion as one affine map in YIQ (an approximation)."""
     image = tf.image.stateless_random_flip_left_right(image, s[2])
     orderings = 2 if fast_mode else 4
+    distort = _fused_colour if fused else _distort_color
     image = _switch(_choice(s[3], orderings),
-                    [lambda o=o: _distort_color(image, o, fast_mode, s[4]) for o in range(orderings)])
+                    [lambda o=o: distort(image, o, fast_mode, s[4]) for o in range(orderings)])
     image.set_shape([size, size, 3])
     return (image - 0.5) * 2.0
 
@@ -114,22 +148,24 @@ def _window(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
 
 
-def crop_train(crop: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
+def crop_train(crop: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False,
+               fused: bool = False) -> tf.Tensor:
     """Slim inception training preprocessing from its crop window's uint8 pixels on: the crop alone
     to float, resized, flipped, colour-distorted -> float32 in [-1, 1]. The float arithmetic is
     Slim's, in its order: TensorFlow's saturation and hue kernels are discontinuous at near-grey
     pixels (an input one float ulp apart moved an output by 0.33), so resizing the uint8 crop and
-    scaling after, 1 ulp off, is not done."""
+    scaling after, 1 ulp off, is not done. ``fused``: the colour distortion fused (an approximation)."""
     s = _seeds(seed, 5)
     image = _resize(tf.image.convert_image_dtype(crop, tf.float32), size, s[1], fast_mode)
-    return _flip_and_colour(image, size, s, fast_mode)
+    return _flip_and_colour(image, size, s, fast_mode, fused)
 
 
-def inception_crop_train(encoded: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
+def inception_crop_train(encoded: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False,
+                         fused: bool = False) -> tf.Tensor:
     """Slim inception training preprocessing of an encoded image, the crop first: a JPEG decodes
     its crop window alone, and only the crop becomes float. Its values are :func:`inception_train`'s
     of the decoded image, bit for bit (tested on every image of the embedded and photo sets)."""
-    return crop_train(_window(encoded, _seeds(seed, 5)[0]), size, seed, fast_mode)
+    return crop_train(_window(encoded, _seeds(seed, 5)[0]), size, seed, fast_mode, fused)
 
 
 def vgg_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False) -> tf.Tensor:
@@ -169,7 +205,7 @@ def vgg_eval(image: tf.Tensor, size: int) -> tf.Tensor:
 
 PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_train, "vgg": vgg_train}
 EVAL_PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_eval, "vgg": vgg_eval}
-IMPLEMENTATIONS = ("crop-first", "reference")  # enspipe.plan.stream.IMPLEMENTATIONS
+IMPLEMENTATIONS = ("crop-first", "reference", "fused-colour")  # enspipe.plan.stream.IMPLEMENTATIONS
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:
     """Decode an image (JPEG, as Slim's ``image/format`` is; PNG, GIF or BMP too) to uint8 HxWx3; a
@@ -181,14 +217,16 @@ def make_preprocess_fn(name: str, size: int, fast_mode: bool = False,
                        impl: str = "crop-first") -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """``fn(encoded_jpeg, seed[2]) -> float32 [size, size, 3]`` for tf.data ``map``. ``impl``:
     ``crop-first`` (inception's crop window decoded alone, and only it made float; vgg has one path)
-    or ``reference`` (Slim's functions as written, on the whole decoded image); the two give the
-    same values, bit for bit."""
+    or ``reference`` (Slim's functions as written, on the whole decoded image): the two give the
+    same values, bit for bit; ``fused-colour``: crop-first with the colour distortion fused into one
+    affine map in YIQ, an approximation (:func:`enspipe.data.pixels.colour_map`)."""
     if name not in PREPROCESSING:
         raise ValueError(f"unknown preprocessing {name!r}; choose one of {', '.join(PREPROCESSING)}")
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown preprocessing implementation {impl!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
-    if impl == "crop-first" and name == "inception":
-        return lambda encoded, seed: inception_crop_train(encoded, size, seed, fast_mode)
+    if impl != "reference" and name == "inception":
+        fused = impl == "fused-colour"
+        return lambda encoded, seed: inception_crop_train(encoded, size, seed, fast_mode, fused)
     train = PREPROCESSING[name]
 
     def fn(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -201,9 +239,10 @@ def make_decoded_fn(name: str, size: int, fast_mode: bool = False,
                     impl: str = "crop-first") -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """``fn(image, seed[2])`` of a decoded uint8 image (the decode cache's): the same values as
     :func:`make_preprocess_fn`'s of its JPEG."""
-    if impl == "crop-first" and name == "inception":
+    if impl != "reference" and name == "inception":
         def crop_first(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-            return crop_train(tf.slice(image, *_crop_box(tf.shape(image), _seeds(seed, 5)[0])), size, seed, fast_mode)
+            crop = tf.slice(image, *_crop_box(tf.shape(image), _seeds(seed, 5)[0]))
+            return crop_train(crop, size, seed, fast_mode, impl == "fused-colour")
 
         return crop_first
     return lambda image, seed: PREPROCESSING[name](image, size, seed, fast_mode)

@@ -98,9 +98,11 @@ class PreprocessOptions:
                           "and numpy, no TensorFlow); auto: tf where TensorFlow is installed",
                           choices=("auto", *BACKENDS))
     fast_mode: bool = option(False, "TF-Slim's inception fast_mode (off in the paper)")
-    preprocess_impl: str = option("crop-first", "the tf backend's built-in preprocessing: crop-first (inception's "
-                                  "crop window alone decoded, bit for bit Slim's values, less CPU) or reference "
-                                  "(Slim's functions as written)", choices=IMPLEMENTATIONS)
+    preprocess_impl: str = option("crop-first", "the built-in preprocessing: crop-first (inception's crop window "
+                                  "alone decoded, bit for bit Slim's values, less CPU), reference (Slim's functions "
+                                  "as written; tf backend), or fused-colour (crop-first with the colour distortion "
+                                  "as one affine map in YIQ: an APPROXIMATION, its error in the summary)",
+                                  choices=IMPLEMENTATIONS)
     decode_cache: int = option(0, "node-shared memory that keeps decoded images (e.g. 8GB; 0: off): a sample "
                                "preprocessed again on the node (a later epoch) skips its decode; what fits is kept",
                                parse=size_bytes, metavar="SIZE")

@@ -20,9 +20,11 @@ TRANSPORTS = ("mpi4py", "horovod")
 # "auto" is tf where TensorFlow is installed, else pillow
 BACKENDS = ("tf", "pillow")
 WIRE_DTYPES = ("float32", "uint8")
-# the tf backend's implementations of the built-ins (enspipe.data.preprocessing.IMPLEMENTATIONS): crop-first
-# (inception's crop window decoded alone) and reference (Slim's functions as written); the same values
-IMPLEMENTATIONS = ("crop-first", "reference")
+# the built-ins' implementations (enspipe.data.preprocessing.IMPLEMENTATIONS): crop-first (inception's crop
+# window decoded alone) and reference (Slim's functions as written), the same values; fused-colour (crop-first
+# with the colour distortion as one affine map in YIQ): an approximation
+IMPLEMENTATIONS = ("crop-first", "reference", "fused-colour")
+APPROXIMATIONS = ("fused-colour",)
 MALLOC_POLICIES = ("keep", "system")
 LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
 
@@ -47,7 +49,9 @@ class StreamConfig:
     ``preprocess_impl`` (the tf backend's built-ins): ``crop-first`` (the default: inception's
     crop window alone is decoded, where Slim decodes the whole JPEG and converts it to float before
     cropping) or ``reference`` (Slim's functions as written); the two give the same values, bit
-    for bit, and crop-first costs less.
+    for bit, and crop-first costs less. ``fused-colour`` (both backends): crop-first with the
+    colour distortion as one affine map in YIQ, as DALI's ``Hsv`` does hue and saturation: an
+    approximation (its error is measured and reported in the summary), and the cheapest.
 
     ``decode_cache``: a budget (bytes, or a size such as ``"8GB"``; 0: off) of node-shared memory
     that keeps decoded images (:mod:`enspipe.run.decode_cache`): from the second time a sample is
@@ -149,6 +153,9 @@ class StreamConfig:
             require(self.backend == "tf" and not callable(self.preprocess), "preprocess_impl", "reference is Slim's "
                     "TensorFlow functions as written, for the tf backend's built-ins", "leave preprocess_impl at "
                     "crop-first (a user's function and the pillow backend have one implementation)")
+        require(self.preprocess_impl not in APPROXIMATIONS or not callable(self.preprocess), "preprocess_impl",
+                f"{self.preprocess_impl} approximates a built-in's colour distortion; a preprocess function has its "
+                "own", "leave preprocess_impl at crop-first with a preprocess function")
         if self.backend == "pillow":
             require(not callable(self.preprocess), "preprocess", "a preprocess function takes TensorFlow tensors; "
                     "the pillow backend runs the built-ins alone", "use preprocess='inception' or 'vgg', or install "

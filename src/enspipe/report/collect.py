@@ -59,9 +59,11 @@ BASELINE_KEY = ["network", "consumer", "n", "cores", "batch_size", "image_size"]
 
 def preprocessing_path(s: dict) -> str:
     """Which path preprocessed a cell's images, in words: backend, implementation, decode cache."""
-    path = f"{s.get('backend', 'tf')} {s.get('preprocess_impl', 'reference')}"
-    if s.get("preprocess_impl") == "pillow" or s.get("backend") == "pillow":
-        path = "pillow"
+    impl = s.get("preprocess_impl", "reference")
+    path = impl if impl.startswith(("pillow", "user")) else f"{s.get('backend', 'tf')} {impl}"
+    approx = s.get("approximation")
+    if approx:
+        path += f" (APPROXIMATION: mean abs error {approx['mean_abs_error']:.3f} of [-1, 1])"
     cache = s.get("decode_cache")
     return path + (f" + decode cache {cache['budget_bytes_per_node'] / 1e9:g} GB" if cache else "")
 

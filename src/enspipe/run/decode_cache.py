@@ -93,6 +93,8 @@ class DecodeCache:
         header, table, arena = self.mine
         if pixels.ndim != 3 or pixels.shape[2] != 3 or not pixels.size:
             return False
+        if any(self._find(t, sample)[1] for _, t, _ in self.parts):  # another member kept it meanwhile
+            return False
         with self.lock:
             slot, found = self._find(table, sample)
             used = int(header[0])

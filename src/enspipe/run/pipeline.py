@@ -269,7 +269,7 @@ class Pipeline:
         slice_len = self.share[1] - self.share[0]
         if self.backend == "pillow":
             return PillowEngine(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed,
-                                self.threads, self.skip_corrupt, self.cache)
+                                self.threads, self.skip_corrupt, self.cache, self.impl == "fused-colour")
         one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed, self.impl,
                          self.cache)
         return TfEngine(one, self.image_shape, self.image_dtype, self._options(), self.threads, self.skip_corrupt,

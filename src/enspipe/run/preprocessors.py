@@ -33,11 +33,12 @@ class PillowEngine:
     """Each slice's images decoded and augmented one per task on a pool of ``threads`` threads."""
 
     def __init__(self, preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed: int,
-                 threads: int, skip_corrupt: bool, cache=None):
+                 threads: int, skip_corrupt: bool, cache=None, fused: bool = False):
         from enspipe.data import pixels
 
         self.pixels, self.name, self.size, self.fast_mode = pixels, preprocessing, size, fast_mode
         self.wire_dtype, self.prep_seed, self.skip_corrupt, self.cache = wire_dtype, prep_seed, skip_corrupt, cache
+        self.options = {"fused": True} if fused and preprocessing == "inception" else {}
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-pillow",
                                        initializer=set_thread_name, initargs=("enspipe-pillow",))
 
@@ -45,7 +46,8 @@ class PillowEngine:
         px = self.pixels
         try:
             source = encoded if self.cache is None else self.cache.decoded(sample, epoch, lambda: px.decode(encoded))
-            image = px.PREPROCESSING[self.name](source, self.size, px.generator(self.prep_seed, position), self.fast_mode)
+            rng = px.generator(self.prep_seed, position)
+            image = px.PREPROCESSING[self.name](source, self.size, rng, self.fast_mode, **self.options)
         except px.Undecodable as e:
             return e
         return px.to_wire(self.name, image, self.wire_dtype)

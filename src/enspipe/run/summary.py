@@ -188,6 +188,7 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "preprocessing": job.preprocessing, "fast_mode": cfg.preprocess.fast_mode,
         "preprocess_impl": _impl(cfg, job.preprocessing), "seed": cfg.stream.seed,
         "decode_cache": cache_summary(reports),
+        "approximation": _approximation(cfg, job.preprocessing, manifest),
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
                     "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer, cfg.backend),
@@ -212,11 +213,24 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
 
 
 def _impl(cfg: RunConfig, preprocessing: str) -> str:
-    """Which implementation preprocessed: the tf backend's crop-first or reference (inception's;
-    vgg has one), the pillow backend's, or a user's function."""
+    """Which implementation preprocessed: the tf backend's crop-first, reference or fused-colour
+    (inception's; vgg has one), the pillow backend's (or its fused-colour), or a user's function."""
     if preprocessing not in ("inception", "vgg"):
         return "user"
-    return cfg.preprocess.preprocess_impl if cfg.backend == "tf" else "pillow"
+    impl = cfg.preprocess.preprocess_impl
+    if cfg.backend == "tf":
+        return impl
+    return "pillow fused-colour" if impl == "fused-colour" else "pillow"
+
+
+def _approximation(cfg: RunConfig, preprocessing: str, manifest) -> dict | None:
+    """An approximate path's error against the exact one, measured (after the window) on the
+    dataset's first images; None for an exact path."""
+    if cfg.preprocess.preprocess_impl != "fused-colour" or preprocessing != "inception":
+        return None
+    from enspipe.data.approximation import fused_colour_error
+
+    return fused_colour_error(manifest, cfg.backend, cfg.stream.image_size, cfg.preprocess.fast_mode)
 
 
 def short_epochs(reports: list[dict], num_images: int) -> str | None:
