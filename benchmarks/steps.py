@@ -136,8 +136,8 @@ def profile_tf(encoded, impl: str, size: int, repeats: int) -> list[tuple[str, f
     for _ in range(repeats):
         passes.append(([one_pass(it, len(encoded)) for it in its], one_pass(whole_it, len(encoded))))
     out = []
-    for r in range(len(rows)):
-        out.append((rows[r][0], float(np.median([_step(rows, costs, r) for costs, _ in passes]))))
+    for r, (name, mode, _) in enumerate(rows):  # a method's row is indented: the mean row adds them
+        out.append(("  " * (mode == "mean") + name, float(np.median([_step(rows, costs, r) for costs, _ in passes]))))
     return out + [("whole", float(np.median([w for _, w in passes])))]
 
 

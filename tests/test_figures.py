@@ -39,7 +39,8 @@ def _cell(root, network, scheme, n, cores, consumer, rep=0, p=None, seconds=(10.
     base.update(cell=name, network=network, scheme=scheme, n=n, p=p, cores=str(cores), consumer=consumer, rep=rep,
                 accelerator="none" if consumer == "peak" else "emulated", energy_source="modelled",
                 energy_modelled=True, machine=MACHINE, hosts="h", batch_size=32, cpu_source="mpstat",
-                summary=str(d / "summary.json"), window_seconds=max(seconds), images_per_member=100.0)
+                summary=str(d / "summary.json"), window_seconds=max(seconds), images_per_member=100.0,
+                preprocessing_path="tf crop-first")
     base.update(row)
     return base
 
@@ -165,6 +166,7 @@ def test_render_writes_every_output_with_its_provenance(grid_dir):
     assert (out / "fig10a_peak_full_cores.png").stat().st_size > 10_000  # a real plot, not a placeholder
     md = (out / "fig12_cpu_reduction.md").read_text()
     assert "accelerator: emulated" in md and "energy: modelled" in md and MACHINE in md
+    assert "preprocessing: tf crop-first" in md  # which path made the numbers
     assert "| alexnet_v2 | 2 | 1 | 0.005 | 0.001 |  |  | True | False | emulated | 5 |  | True |" in md  # above n
     assert "MODELLED" in (out / "table4_idle_power.md").read_text()
     assert "| Table 3 |" in (out / "paper_vs_run.md").read_text()
