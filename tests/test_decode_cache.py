@@ -26,7 +26,8 @@ def test_sizes():
             parse_size(bad)
 
 
-@pytest.mark.parametrize("budget, says", [("lots", "not a size"), ("900TB", "available memory")])
+@pytest.mark.parametrize("budget, says", [("lots", "not a size"), ("900TB", "available memory"),
+                                          ("4KB", "too small")])
 def test_a_budget_that_is_not_a_size_or_does_not_fit_fails_before_any_work(dataset, tmp_path, budget, says):
     r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--decode-cache", budget, *COMMON)
     assert r.returncode == 2 and "--decode-cache" in r.stderr and says in r.stderr, r.stderr[-2000:]
@@ -159,3 +160,9 @@ def test_an_approximation_says_so_with_its_measured_error(dataset, tmp_path, bac
 
     assert "APPROXIMATION" in preprocessing_path(s)
     assert _run(dataset, tmp_path / "e", None, "--backend", backend)["approximation"] is None
+
+
+def test_the_tf_data_service_refuses_the_cache(dataset, tmp_path):
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--scheme", "tfdata_service", "--decode-cache",
+                "64MB", *COMMON)
+    assert r.returncode == 2 and "--decode-cache" in r.stderr and "tf.data service" in r.stderr, r.stderr[-1000:]

@@ -139,7 +139,7 @@ YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 
 YIQ_INV = np.linalg.inv(YIQ)
 
 
-class NP_MATRICES:
+class NumpyMatrices:
     """The 3x3 helpers :func:`colour_map` takes, in numpy (float64)."""
 
     constant = staticmethod(np.asarray)
@@ -150,7 +150,7 @@ class NP_MATRICES:
         return np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
 
 
-def colour_map(order: str, factors: dict, means, xp=NP_MATRICES):
+def colour_map(order: str, factors: dict, means, xp=NumpyMatrices):
     """Slim's colour distortion in ``order`` fused into one affine map ``x -> A x + b`` of the
     pixels (``b`` a column), with hue and saturation as DALI's ``Hsv`` does them: a rotation and a
     scaling of YIQ's chroma (HSV's steps keep value and saturation instead, so the two differ).

@@ -5,6 +5,10 @@ bounding-box crop (min object covered 0.1, aspect 3/4..4/3, area 5%..100%, 100 a
 resize with a randomly chosen method (bilinear, nearest, bicubic, area; one method in fast mode),
 random left-right flip, colour distortion in one of four random orderings (two in fast mode),
 clip to [0, 1], scale to [-1, 1]. Slim's ``fast_mode`` is off by default, as in the paper.
+Three implementations (:data:`IMPLEMENTATIONS`): ``reference`` is Slim's functions as written
+(:func:`inception_train`); ``crop-first`` (:func:`inception_crop_train`) decodes only a JPEG's crop
+window and makes only the crop float, with the same values bit for bit; ``fused-colour`` is
+crop-first with the colour distortion as one affine map in YIQ, an approximation.
 
 ``vgg``: Slim's ``vgg_preprocessing.preprocess_for_train``: aspect-preserving bilinear resize of
 the shorter side to a random size in [256, 512], random crop, random flip, channel-mean
@@ -60,12 +64,12 @@ def _fused_colour(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Ten
              "h": tf.random.stateless_uniform([], s[2], minval=-0.2, maxval=0.2),
              "c": tf.random.stateless_uniform([], s[3], minval=0.5, maxval=1.5)}
     order = (("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb"))[ordering]
-    a, b = colour_map(order, draws, tf.reshape(tf.reduce_mean(image, axis=[0, 1]), [3, 1]), _TF_MATRICES)
+    a, b = colour_map(order, draws, tf.reshape(tf.reduce_mean(image, axis=[0, 1]), [3, 1]), _TfMatrices)
     out = tf.reshape(image, [-1, 3]) @ tf.transpose(a) + tf.reshape(b, [1, 3])
     return tf.clip_by_value(tf.reshape(out, tf.shape(image)), 0.0, 1.0)
 
 
-class _TF_MATRICES:
+class _TfMatrices:
     """The 3x3 helpers :func:`enspipe.data.pixels.colour_map` takes, in TensorFlow (float32)."""
 
     @staticmethod

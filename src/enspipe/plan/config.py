@@ -586,6 +586,9 @@ class RunConfig:
             self._check_torch_training()
         problem = decode_cache_problem(self.preprocess.decode_cache)
         _require(problem is None, "decode_cache", f"{problem}", "pass a smaller --decode-cache, or leave it out")
+        _require(not (self.preprocess.decode_cache and _service(self.stream.scheme)), "decode_cache", "the tf.data "
+                 "service's workers decode in their own graph, without enspipe's cache", "leave --decode-cache out "
+                 "for --scheme tfdata_service")
         _require(self.preprocess.preprocess_impl != "reference" or self.backend == "tf", "preprocess_impl", "reference is "
                  "Slim's TensorFlow functions as written; the pillow backend has one implementation",
                  "leave --preprocess-impl out, or run --backend tf")

@@ -214,6 +214,8 @@ def decode_cache_problem(budget: int) -> str | None:
 
     if not budget:
         return None
+    if budget < 2**20:
+        return f"{budget} bytes is too small to hold a decoded image (at least 1MB)"
     available = psutil.virtual_memory().available
     if budget > available:
         return f"{budget / 1e9:.2f} GB is more than this node's available memory ({available / 1e9:.2f} GB)"

@@ -23,6 +23,8 @@ import numpy as np
 _SLOT = 4  # int64 per slot of a part's table: sample id, offset, height, width
 _HEADER = 8  # int64: bytes used, images held, and room to grow
 _MIN_IMAGE = 4096  # bytes: a part's table has a slot per this much of its arena (load at most a half)
+
+
 class DecodeCache:
     """The node's cache of decoded images, as one member sees it (collective to make and free over
     ``comm``'s members on this node).
