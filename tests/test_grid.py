@@ -254,3 +254,12 @@ def test_a_lag_cells_rate_is_a_members_share_of_the_calibrated_rate(tmp_path):
     assert "--rate-from" not in args and float(args[args.index("--rate") + 1]) == 600.0 / cell.n
     assert args[args.index("--slow-member") + 1] == "1:3.0"
 
+
+
+def test_the_configs_preprocessing_path_and_decode_cache_reach_every_cell():
+    cfg = _config("test")
+    cell = grid.cells(cfg)[0]
+    args = grid.run_args(cfg, cell, "rates.json")
+    assert args[args.index("--preprocess-impl") + 1] == "crop-first" and args[args.index("--decode-cache") + 1] == "0"
+    args = grid.run_args({**cfg, "decode_cache": "8GB", "preprocess_impl": "reference"}, cell, "rates.json")
+    assert args[args.index("--preprocess-impl") + 1] == "reference" and args[args.index("--decode-cache") + 1] == "8GB"
