@@ -78,6 +78,34 @@ def test_colour_steps_keep_hsv_as_colorsys_defines_it():
         assert np.abs(s_got - np.round(np.array(colorsys.hsv_to_rgb(h, min(1, s * 0.7), v)) * 255)).max() <= 1
 
 
+def _hue_as_first_written(im, delta):
+    """The hue step as it was first written (np.mod, three divisions): the oracle of the faster one."""
+    r, g, b = (np.asarray(band, dtype=np.float32) for band in im.split())
+    v = np.maximum(np.maximum(r, g), b)
+    c = v - np.minimum(np.minimum(r, g), b)
+    safe = np.maximum(c, np.float32(1e-6))
+    h = np.where(v == r, (g - b) / safe, np.where(v == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    h = h + np.float32(6 * delta)
+    out = []
+    for n in (5, 3, 1):
+        k = np.mod(h + n, 6)
+        f = v - c * np.clip(np.minimum(k, 4 - k), 0, 1)
+        out.append(Image.fromarray(np.clip(f + 0.5, 0, 255).astype(np.uint8)))
+    return Image.merge("RGB", out)
+
+
+def test_the_hue_step_gives_the_values_it_first_gave():
+    from enspipe.data.synthetic import synthetic_image
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)),
+              Image.fromarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None, None], 3, axis=2).repeat(4, 1))]
+    images += [Image.fromarray(synthetic_image(0, i, 10)[0]).resize((96, 96)) for i in range(6)]
+    for im in images:
+        for delta in [-0.2, -0.1, 0.0, 0.05, 0.2, *rng.uniform(-0.2, 0.2, 4)]:
+            assert np.array_equal(np.asarray(pixels._shift_hue(im, delta)), np.asarray(_hue_as_first_written(im, delta)))
+
+
 def test_a_jpeg_is_decoded_at_the_scale_its_crop_needs():
     big = Image.open(io.BytesIO(_jpeg(800, 1200)))
     im, box = pixels._drafted(big, (0, 0, 1200, 800), 128)

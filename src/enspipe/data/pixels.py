@@ -119,16 +119,20 @@ def _saturate(im: Image.Image, factor: float) -> Image.Image:
 
 def _shift_hue(im: Image.Image, delta: float) -> Image.Image:
     """HSV hue turned by ``delta`` of a full turn, saturation and value kept (HSV to RGB by
-    ``V - C * max(0, min(k, 4 - k, 1))``, ``k = (n + H) mod 6`` for n = 5, 3, 1)."""
+    ``V - C * max(0, min(k, 4 - k, 1))``, ``k = (n + H) mod 6`` for n = 5, 3, 1). One division
+    for the three sextant cases, and the ``mod 6`` as the one addition or subtraction of 6 that
+    ``np.mod`` makes for these values (H + n is in [-2, 12)): the same floats, at half the cost."""
     r, g, b = (np.asarray(band, dtype=np.float32) for band in im.split())
     v = np.maximum(np.maximum(r, g), b)
     c = v - np.minimum(np.minimum(r, g), b)
     safe = np.maximum(c, np.float32(1e-6))
-    h = np.where(v == r, (g - b) / safe, np.where(v == g, (b - r) / safe + 2, (r - g) / safe + 4))
-    h = h + np.float32(6 * delta)
+    is_r, is_g = v == r, v == g
+    h = np.where(is_r, g - b, np.where(is_g, b - r, r - g)) / safe
+    h = h + np.where(is_r, np.float32(0), np.where(is_g, np.float32(2), np.float32(4))) + np.float32(6 * delta)
     out = []
     for n in (5, 3, 1):
-        k = np.mod(h + n, 6)
+        k = h + np.float32(n)
+        k = np.where(k >= 6, k - np.float32(6), np.where(k < 0, k + np.float32(6), k))
         f = v - c * np.clip(np.minimum(k, 4 - k), 0, 1)
         out.append(Image.fromarray(np.clip(f + 0.5, 0, 255).astype(np.uint8)))
     return Image.merge("RGB", out)
