@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from steps import images_of, tf_cpu
+from steps import images_of, tf_cpu, tf_iterator
 
 SLIM = "Slim inception (crop, 4 resize methods, flip, colour x4)"
 CROP_FLIP = "crop, bilinear resize, flip; no colour"
@@ -41,16 +41,7 @@ MEANS = np.array([123.68, 116.78, 103.94], np.float32)
 
 def tf_rate(encoded, fn, threads: int, repeats: int) -> tuple[float, float]:
     """Images/s and CPU s per image of ``fn(encoded, seed)`` on a private pool of ``threads``."""
-    import tensorflow as tf
-
-    ds = tf.data.Dataset.from_tensor_slices(encoded).enumerate()
-    ds = ds.map(lambda i, e: fn(e, tf.stack([tf.constant(0, tf.int64), i])), num_parallel_calls=threads)
-    opts = tf.data.Options()
-    opts.threading.private_threadpool_size = threads
-    opts.threading.max_intra_op_parallelism = 1
-    it = iter(ds.repeat().with_options(opts))  # one iterator: its setup is not counted
-    for _ in range(len(encoded)):
-        next(it)
+    it = tf_iterator(encoded, fn, threads)
     runs = []
     for _ in range(repeats):
         t, cpu = time.perf_counter(), time.process_time()

@@ -41,15 +41,15 @@ def images_of(name: str, n: int) -> list[bytes]:
     return list(next(read_slices(m, 0, 0, False, n, 0, n))["encoded"])
 
 
-def tf_iterator(encoded, fn):
-    """An iterator of ``fn(encoded, seed)`` mapped over the images, repeated, on one thread (one
-    iterator, so its setup is not counted), after a warm-up pass."""
+def tf_iterator(encoded, fn, threads: int = 1):
+    """An iterator of ``fn(encoded, seed)`` mapped over the images, repeated, on a private pool of
+    ``threads`` (one iterator, so its setup is not counted), after a warm-up pass."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices(encoded).enumerate()
-    ds = ds.map(lambda i, e: fn(e, tf.stack([tf.constant(0, tf.int64), i])), num_parallel_calls=1)
+    ds = ds.map(lambda i, e: fn(e, tf.stack([tf.constant(0, tf.int64), i])), num_parallel_calls=threads)
     opts = tf.data.Options()
-    opts.threading.private_threadpool_size = 1
+    opts.threading.private_threadpool_size = threads
     opts.threading.max_intra_op_parallelism = 1
     it = iter(ds.repeat().with_options(opts))
     for _ in range(len(encoded)):  # warm-up: tracing, the pool

@@ -176,13 +176,23 @@ def colour_map(order: str, factors: dict, means, xp=NumpyMatrices):
     return a, b
 
 
+# Slim's colour orderings (b: brightness, s: saturation, h: hue, c: contrast), by fast_mode
+COLOUR_ORDERS = {False: ("bshc", "sbch", "chbs", "hscb"), True: ("bs", "sb")}
+
+
+def _colour_draws(rng: np.random.Generator, fast_mode: bool) -> tuple[str, dict]:
+    """One image's colour ordering and factors, drawn in Slim's order (brightness in [0, 1] units)."""
+    orders = COLOUR_ORDERS[fast_mode]
+    order = orders[int(rng.integers(0, len(orders)))]
+    return order, dict(zip("bshc", (rng.uniform(-32 / 255, 32 / 255), rng.uniform(0.5, 1.5), rng.uniform(-0.2, 0.2),
+                                    rng.uniform(0.5, 1.5))))
+
+
 def _fused_colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image.Image:
     """:func:`_colour`'s draws and order as one affine map in YIQ, applied by Pillow in C (rounded
     and clipped once)."""
-    orders = ("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb")
-    order = orders[int(rng.integers(0, len(orders)))]
-    factors = dict(zip("bshc", (rng.uniform(-32 / 255, 32 / 255) * 255, rng.uniform(0.5, 1.5),
-                                rng.uniform(-0.2, 0.2), rng.uniform(0.5, 1.5))))
+    order, factors = _colour_draws(rng, fast_mode)
+    factors["b"] *= 255  # the pixels' units
     a, b = colour_map(order, factors, np.asarray(ImageStat.Stat(im).mean)[:, None])
     return im.convert("RGB", tuple(np.concatenate([a, b], axis=1).ravel().tolist()))
 
@@ -190,10 +200,7 @@ def _fused_colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) ->
 def _colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image.Image:
     """Slim's colour distortion in one of its orderings: brightness and contrast by lookup tables
     (contrast about each channel's mean), saturation and hue in RGB, as HSV defines them."""
-    orders = ("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb")
-    order = orders[int(rng.integers(0, len(orders)))]
-    factors = dict(zip("bshc", (rng.uniform(-32 / 255, 32 / 255), rng.uniform(0.5, 1.5), rng.uniform(-0.2, 0.2),
-                                rng.uniform(0.5, 1.5))))
+    order, factors = _colour_draws(rng, fast_mode)
     for op in order:
         im = colour_op(im, op, factors[op])
     return im

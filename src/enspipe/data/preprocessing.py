@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data.pixels import VGG_MEANS
+from enspipe.data.pixels import COLOUR_ORDERS, VGG_MEANS
 
 _RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area")
 
@@ -47,8 +47,7 @@ def _distort_color(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Te
         "h": lambda x: tf.image.stateless_random_hue(x, 0.2, s[2]),
         "c": lambda x: tf.image.stateless_random_contrast(x, 0.5, 1.5, s[3]),
     }
-    orders = ("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb")
-    for op in orders[ordering]:
+    for op in COLOUR_ORDERS[fast_mode][ordering]:
         image = ops[op](image)
     return tf.clip_by_value(image, 0.0, 1.0)
 
@@ -63,8 +62,7 @@ def _fused_colour(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Ten
              "s": tf.random.stateless_uniform([], s[1], minval=0.5, maxval=1.5),
              "h": tf.random.stateless_uniform([], s[2], minval=-0.2, maxval=0.2),
              "c": tf.random.stateless_uniform([], s[3], minval=0.5, maxval=1.5)}
-    order = (("bs", "sb") if fast_mode else ("bshc", "sbch", "chbs", "hscb"))[ordering]
-    a, b = colour_map(order, draws, tf.reshape(tf.reduce_mean(image, axis=[0, 1]), [3, 1]), _TfMatrices)
+    a, b = colour_map(COLOUR_ORDERS[fast_mode][ordering], draws, tf.reshape(tf.reduce_mean(image, axis=[0, 1]), [3, 1]), _TfMatrices)
     out = tf.reshape(image, [-1, 3]) @ tf.transpose(a) + tf.reshape(b, [1, 3])
     return tf.clip_by_value(tf.reshape(out, tf.shape(image)), 0.0, 1.0)
 
@@ -109,7 +107,7 @@ def _flip_and_colour(image: tf.Tensor, size: int, s: list[tf.Tensor], fast_mode:
     """Slim's random flip and colour distortion of the resized crop (float in [0, 1]) -> [-1, 1];
     ``fused``: the distortion as one affine map in YIQ (an approximation)."""
     image = tf.image.stateless_random_flip_left_right(image, s[2])
-    orderings = 2 if fast_mode else 4
+    orderings = len(COLOUR_ORDERS[fast_mode])
     distort = _fused_colour if fused else _distort_color
     image = _switch(_choice(s[3], orderings),
                     [lambda o=o: distort(image, o, fast_mode, s[4]) for o in range(orderings)])

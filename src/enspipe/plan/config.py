@@ -388,7 +388,8 @@ class ServiceOptions:
 
 
 # The concerns, in the order ``enspipe run -h`` shows them: RunConfig's field name -> its config.
-CONCERNS = {"stream": StreamOptions, "preprocess": PreprocessOptions, "training": TrainingOptions, "gradients": GradientOptions, "lives": MemberLives,
+CONCERNS = {"stream": StreamOptions, "preprocess": PreprocessOptions, "training": TrainingOptions,
+            "gradients": GradientOptions, "lives": MemberLives,
             "measure": MeasureOptions, "energy": PowerOptions, "faults": FaultOptions, "service": ServiceOptions}
 
 

@@ -185,10 +185,7 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         "members_per_rank": cfg.training.members_per_rank,
         # a data-parallel member's gradient exchange; ako's replicas differ (its label says so)
         "gradient_exchange": cfg.gradient_spec.label() if max(t.data_parallel) > 1 and t.consumer == "train" else None,
-        "preprocessing": job.preprocessing, "fast_mode": cfg.preprocess.fast_mode,
-        "preprocess_impl": _impl(cfg, job.preprocessing), "seed": cfg.stream.seed,
-        "decode_cache": cache_summary(reports),
-        "approximation": _approximation(cfg, job.preprocessing, manifest),
+        **_preprocessing(cfg, job.preprocessing, reports, manifest), "seed": cfg.stream.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
                     "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer, cfg.backend),
@@ -210,6 +207,13 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
                      "mpi": MPI.Get_library_version().splitlines()[0].strip()},
         "finished": time.time(),
     }
+
+
+def _preprocessing(cfg: RunConfig, preprocessing: str, reports: list[dict], manifest) -> dict:
+    """The summary's preprocessing: which, on which path, the decode cache and an approximation's error."""
+    return {"preprocessing": preprocessing, "fast_mode": cfg.preprocess.fast_mode,
+            "preprocess_impl": _impl(cfg, preprocessing), "decode_cache": cache_summary(reports),
+            "approximation": _approximation(cfg, preprocessing, manifest)}
 
 
 def _impl(cfg: RunConfig, preprocessing: str) -> str:
