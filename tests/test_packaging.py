@@ -84,3 +84,65 @@ def test_packages_import_only_downward():
                 if rank[there] > rank[here]:
                     upward.append(f"{path.relative_to(src)} imports {node.module}")
     assert not upward, upward
+
+
+def _file_imports(src) -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports anywhere in its text: at
+    the top, inside functions and under ``TYPE_CHECKING`` alike."""
+    import ast
+
+    modules = {".".join(("enspipe", *p.relative_to(src).with_suffix("").parts)).removesuffix(".__init__"): p
+               for p in src.rglob("*.py")}
+    edges = {m: set() for m in modules}
+    for m, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("enspipe"):
+                names = {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+            elif isinstance(node, ast.Import):
+                names = {a.name for a in node.names}
+            else:
+                continue
+            edges[m] |= {t for t in names if t in modules and t != m}
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_two_files_import_each_other_in_a_circle():
+    """Within a package too, files read from their own lower files upwards: no module reaches
+    itself through imports, counting those inside functions and under TYPE_CHECKING."""
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "src" / "enspipe"
+    assert _circles(_file_imports(src)) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []

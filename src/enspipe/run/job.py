@@ -6,47 +6,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 from enspipe.common import keys, phases
 from enspipe.data.manifest import accounting_note
 from enspipe.plan.config import RunConfig
 from enspipe.plan.schemes import make_scheme, node_groups
+from enspipe.run.context import Job, Life
 from enspipe.run.monitors import slurm_counter, start_node_monitor
 from enspipe.run.steps import Member
 from enspipe.run.summary import FAILED_SUMMARY, SUMMARY, say
-
-
-@dataclass
-class Job:
-    """What one rank's run holds between its phases."""
-
-    cfg: RunConfig
-    comm: object
-    scheme: object
-    progress: dict
-    where: object           # enspipe.run.placement.Placement
-    affinity: list[int]
-    monitor: object         # the node's CPU monitor, on each host's first rank
-    heartbeat: object
-    events: object
-    manifest: object
-    preprocessing: str
-    transport: object
-    pipeline: object
-    consumer: object
-    member: "Member"
-    slurm: object           # the job step's energy counter, on rank 0 inside Slurm
-    started: float
-    malloc: str             # the malloc policy in force (enspipe.run.memory)
-
-    @property
-    def rank(self) -> int:
-        return self.comm.Get_rank()
-
-    @property
-    def n(self) -> int:
-        return self.comm.Get_size()
 
 
 def setup(cfg: RunConfig, comm, scheme, progress: dict) -> Job:
@@ -202,7 +170,7 @@ def _member(cfg: RunConfig, comm, pipeline, consumer, manifest, preprocessing: s
                   life=life(cfg, comm, consumer, preprocessing, manifest.num_images) if epochs else None)
 
 
-def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) -> "Life":
+def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) -> Life:
     """A member's epoch ends across runs: its state restored from its checkpoint (or new), the
     validation set it is judged on, and whether this rank writes its checkpoints."""
     from enspipe.run import checkpoint
@@ -225,18 +193,6 @@ def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) 
     writer = cfg.lives.checkpoint_dir is not None and rank == cfg.member_ranks(comm.Get_size())[m][0]
     return Life(cfg.lives.checkpoint_dir if writer else None, state, validation, cfg.patience_for(m),
                 cfg.lives.min_delta, epoch_images)
-
-
-@dataclass
-class Life:
-    """What a member carries from epoch end to epoch end (see :meth:`Member.epoch_end`)."""
-
-    checkpoint_dir: str | None   # where this rank writes the member's checkpoints (its first rank only)
-    state: object                # enspipe.run.checkpoint.MemberState: over every run so far
-    validation: tuple | None     # (images, labels) of --validation-data
-    patience: int
-    min_delta: float
-    epoch_images: int
 
 
 def enspipe_pipeline(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where, events):

@@ -11,7 +11,7 @@ from enspipe.common import keys
 from enspipe.plan.config import RunConfig
 
 if TYPE_CHECKING:
-    from enspipe.run.job import Life
+    from enspipe.run.context import Life
 
 
 class Member:

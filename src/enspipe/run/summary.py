@@ -19,7 +19,7 @@ from enspipe.plan.schemes import AUTO
 from enspipe.run.decode_cache import cache_summary
 
 if TYPE_CHECKING:
-    from enspipe.run.job import Job
+    from enspipe.run.context import Job
     from enspipe.run.window import Warmup, Window
 
 

@@ -13,7 +13,7 @@ from enspipe.run.monitors import read_slurm
 from enspipe.run.steps import Look, Member
 
 if TYPE_CHECKING:
-    from enspipe.run.job import Job
+    from enspipe.run.context import Job
 
 
 @dataclass
