@@ -14,7 +14,8 @@ import sys
 from enspipe.commands.base import Command, Fail, say as _say
 from enspipe.commands.data import DATA_COMMANDS
 from enspipe.common.tfimport import import_tensorflow
-from enspipe.plan.config import RunConfig, add_options, from_options
+from enspipe.plan.config import RunConfig
+from enspipe.plan.run_options import add_options, from_options
 from enspipe.plan.options import counts, network_name, positive_int
 from enspipe.plan.errors import ConfigError
 
@@ -133,7 +134,7 @@ def _calibrate_comm(a: argparse.Namespace, fail: Fail) -> int:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from enspipe.plan.config import WIRE_DTYPES
+    from enspipe.plan.concerns import WIRE_DTYPES
     from enspipe.plan.options import numbers
 
     p.add_argument("--n", type=positive_int, default=None, help="ensemble members (required unless --config)")
@@ -392,7 +393,7 @@ def _idle_power(a: argparse.Namespace, fail: Fail) -> int:
     if a.seconds <= 0:
         fail("--seconds: must be > 0; pass how long to sample, e.g. 30")
     from enspipe.measure.node import measure_idle_power
-    from enspipe.plan.config import PowerOptions
+    from enspipe.plan.concerns import PowerOptions
 
     try:
         PowerOptions(power=a.power, power_csv=a.power_csv, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)

@@ -11,7 +11,7 @@ rule figures:
         paper=PAPER_CONFIG,
         ensembles=ENSEMBLES,
     output:
-        figures.workflow_outputs(report, "results/figures", "../report"),  # the registry in report/figures.py
+        figures.workflow_outputs(report, "results/figures", "../report"),  # the registry in report/outputs.py
     conda:
         ENV
     log:

@@ -20,7 +20,12 @@ from typing import Callable
 import pandas as pd
 
 from enspipe.report import tables
-from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, MIN_JUDGED_WINDOW, repeat_noise
+from enspipe.report.collect import (
+    CEILING_TOLERANCE,
+    MAX_CEILING_TOLERANCE,
+    MIN_JUDGED_WINDOW,
+    repeat_noise,
+)
 
 NETWORKS = ["alexnet_v2", "inception_v1", "vgg_a"]
 COLUMNS = ["finding", "source", "paper", "this_run", "threshold", "holds", "basis"]

@@ -21,7 +21,13 @@ import statistics
 
 import pandas as pd
 
-from enspipe.plan.ensemble import ARMS, Ensemble, EnsembleMember, model_times, plan_rounds
+from enspipe.plan.ensemble import (
+    ARMS,
+    Ensemble,
+    EnsembleMember,
+    model_times,
+    plan_rounds,
+)
 
 # The paper's Fig. 5 (read off the figure; ../shared/notes/fleet-notes.md): speed-up over the
 # default arm of homogeneous, FLEET-L and FLEET-G by GPU count, 100 DNNs on SummitDev.

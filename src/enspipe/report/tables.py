@@ -14,9 +14,9 @@ import os
 import numpy as np
 import pandas as pd
 
-from enspipe.report.collect import ceiling_tolerance
 from enspipe.common import keys
 from enspipe.plan.schemes import SCHEME_KINDS
+from enspipe.report.collect import ceiling_tolerance
 
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
 
