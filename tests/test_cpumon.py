@@ -171,3 +171,17 @@ def test_a_cell_whose_cpu_monitor_is_killed_mid_window_says_node_cpu_is_missing(
     s["cell"] = {"network": "tiny", "scheme": "baseline", "n": 1, "p": 1, "cores": "all", "consumer": "emulated",
                  "rep": 0}
     assert "stopped before the window ended" in cell_row(s)["node_cpu_missing"]
+
+
+def test_a_process_reads_its_cpu_on_the_tick_clock_too():
+    """/proc/self/stat's ticks count the same CPU as process_time, to a tick or two."""
+    import time
+
+    from enspipe.measure.threadcpu import process_ticks
+
+    t0, c0 = process_ticks(), time.process_time()
+    x = 0
+    while time.process_time() - c0 < 0.3:
+        x += 1
+    t1, c1 = process_ticks(), time.process_time()
+    assert t1 - t0 == pytest.approx(c1 - c0, abs=0.03)

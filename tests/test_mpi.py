@@ -149,6 +149,9 @@ def test_measurement_outputs_of_a_shared_cell(dataset, tmp_path):
     marks = json.loads((tmp_path / f"cpu-marks.{host}.json").read_text())
     assert marks["warmup_start"] <= marks["measure_start"] < marks["measure_end"] <= marks["stopped"]
     assert set(s["node_cpu_seconds"]) == {host} and s["node_cpu_seconds_total"] > 0
+    for rank in s["ranks"]:  # the same CPU on two clocks: the kernel's ticks and process_time's nanoseconds
+        assert rank["cpu_seconds_ticks"] == pytest.approx(rank["cpu_seconds"], rel=0.05, abs=0.05), rank
+    assert s["cpu_seconds_ticks_total"] == pytest.approx(sum(r["cpu_seconds_ticks"] for r in s["ranks"]))
     assert set(s["per_core_busy_percent"][host]) == {str(c) for c in range(os.cpu_count())}
     with open(tmp_path / "cpu.csv") as f:
         rows = list(csv.DictReader(f))

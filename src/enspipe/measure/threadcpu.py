@@ -48,6 +48,19 @@ def _cpu_seconds(task: str) -> float | None:
         return None
 
 
+def process_ticks() -> float | None:
+    """This process's CPU seconds (every thread, live and ended) as the kernel's tick accounting
+    reports them (``/proc/self/stat`` utime + stime over ``SC_CLK_TCK``): the clock ``mpstat``'s
+    node CPU is read on, for this process alone; None without ``/proc``. ``time.process_time``
+    reads the same CPU on the scheduler's nanosecond clock."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def snapshot() -> dict[int, tuple[str, float]]:
     """``{tid: (thread name, CPU seconds so far)}`` for every live thread of this process."""
     out: dict[int, tuple[str, float]] = {}

@@ -66,6 +66,7 @@ def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
         "images": images, "images_preprocessed": w.preprocessed, "seconds": seconds,
         "images_per_second": images / seconds if seconds > 0 else None,
         "cpu_seconds": cpu_seconds, "cpu_seconds_per_image": cpu_seconds / images if images else None,
+        "cpu_seconds_ticks": w.tick_cpu_seconds,  # the same CPU on the kernel's tick clock (mpstat's)
         "thread_cpu_seconds": w.thread_cpu,
         "stages": stages.breakdown(*w.clocks, w.thread_cpu, w.exchange, cpu_seconds),
         "step_time_p50": percentile(member.step_times, 50), "step_time_p95": percentile(member.step_times, 95),
@@ -192,6 +193,7 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
                     "accounting": manifest.accounting},
         "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
         "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
+        "cpu_seconds_ticks_total": _total(r.get("cpu_seconds_ticks") for r in reports),
         "stages_per_image": stages.mean_per_image(reports),
         "window": window_summary(scheme, reports, warm),
         "delivery": delivery_summary(scheme, reports, cfg),
@@ -207,6 +209,12 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
                      "mpi": MPI.Get_library_version().splitlines()[0].strip()},
         "finished": time.time(),
     }
+
+
+def _total(values) -> float | None:
+    """The sum, or None where any rank lacks the reading."""
+    values = list(values)
+    return None if any(v is None for v in values) else float(sum(values))
 
 
 def _preprocessing(cfg: RunConfig, preprocessing: str, reports: list[dict], manifest) -> dict:

@@ -21,7 +21,8 @@ class Window:
     """The measured window's readings, from its start to its end."""
 
     seconds: float
-    cpu_seconds: float
+    cpu_seconds: float          # process_time: the scheduler's nanoseconds
+    tick_cpu_seconds: float | None  # /proc/self/stat: the same CPU in the kernel's ticks (None without /proc)
     wall: tuple[float, float]
     thread_cpu: dict
     preprocessed: int | None
@@ -132,6 +133,7 @@ def measure(job: Job, warm: "Warmup") -> Window:
 
     slurm_j0 = read_slurm(job.slurm)  # an sstat subprocess: before the window opens
     t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
+    ticks0 = threadcpu.process_ticks()
     comm0, prep0, clock0 = job.transport.stats.as_dict(), job.pipeline.preprocessed, job.pipeline.clock.snapshot()
     if job.monitor:
         job.monitor.mark("measure_start", wall0)
@@ -147,6 +149,8 @@ def measure(job: Job, warm: "Warmup") -> Window:
             stopped_early = True  # too few accelerators would stay busy: the plan goes on without this run
             break
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
+    ticks1 = threadcpu.process_ticks()
+    tick_cpu_seconds = ticks1 - ticks0 if ticks0 is not None and ticks1 is not None else None
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())
     preprocessed = None if prep0 is None else job.pipeline.preprocessed - prep0  # None: the service's workers
     clock1 = job.pipeline.clock.snapshot()
@@ -156,8 +160,8 @@ def measure(job: Job, warm: "Warmup") -> Window:
     job.events.log(keys.MEASURE_END, step=warmup_steps + steps, stopped_early=stopped_early)
     if job.monitor:
         job.monitor.mark("measure_end", wall1)
-    return Window(seconds, cpu_seconds, (wall0, wall1), thread_cpu, preprocessed, (clock0, clock1), exchange,
-                  (slurm_j0, slurm_j1), steps, stopped_early)
+    return Window(seconds, cpu_seconds, tick_cpu_seconds, (wall0, wall1), thread_cpu, preprocessed, (clock0, clock1),
+                  exchange, (slurm_j0, slurm_j1), steps, stopped_early)
 
 
 def stop(job: Job) -> int:
