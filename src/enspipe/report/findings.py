@@ -21,7 +21,7 @@ import pandas as pd
 
 from enspipe.report import tables
 from enspipe.report.collect import (BASELINE_KEY, CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, MIN_JUDGED_WINDOW,
-                                    repeat_noise)
+                                    ratio_noise, repeat_noise)
 
 NETWORKS = ["alexnet_v2", "inception_v1", "vgg_a"]
 COLUMNS = ["finding", "source", "paper", "this_run", "threshold", "holds", "basis"]
@@ -368,11 +368,11 @@ def ceiling_finding(df, t):
                               "config's `steps`, `--steps`) to judge it")
         noise = repeat_noise(df, "process")
         ratio = _own_reduction(above) / above["n"]
-        if noise > MAX_CEILING_TOLERANCE and (ratio <= 1 + noise).all():
-            return untestable(text, f"this run's own repeats of one cell differ by up to {noise:.0%}, more than the "
-                              f"{MAX_CEILING_TOLERANCE:.0%} the invariant allows, and every cell above n is within "
-                              f"that noise ({', '.join(above['cell'])}); a quieter machine, or more repeats, can "
-                              "judge it")
+        if ratio_noise(noise) > MAX_CEILING_TOLERANCE and (ratio <= 1 + ratio_noise(noise)).all():
+            return untestable(text, f"this run's own repeats of one cell differ by up to {noise:.0%}, so a ratio of "
+                              f"two cells by up to {ratio_noise(noise):.0%}, more than the {MAX_CEILING_TOLERANCE:.0%} "
+                              f"the invariant allows, and every cell above n is within that noise "
+                              f"({', '.join(above['cell'])}); a quieter machine, or more repeats, can judge it")
         return Verdict(text, False, "above n: " + ", ".join(_which_clock(r) for r in above.itertuples())
                        + node_cpu_gaps(df))
     return Verdict(text, True, "reductions from cells.csv, judged on the process clock" + _node_clock_note(df, d)
