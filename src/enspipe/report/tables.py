@@ -212,19 +212,27 @@ def peak_cells(df: pd.DataFrame, limited: bool) -> pd.DataFrame:
 def broadcast_cpu(df: pd.DataFrame) -> pd.DataFrame:
     """Fig. 11: CPU-s per delivered image of Single- and Multi-Broadcast normalised to All-Shared at
     the same network, consumer, n > 1 and core limit: node CPU (the paper's) and the cells' own
-    processes' (``relative_process``)."""
+    processes' (``relative_process``); and of the processes' CPU, the preprocessing's
+    (``relative_preprocess``: the same work per image, so 1 but for how loaded the host's cores were)
+    and the rest, the exchange's and the pipeline's (``relative_exchange``)."""
     key = ["network", "consumer", "n", "cores"]
-    values = ["node_cpu_seconds_per_image", "process_cpu_seconds_per_image"]
+    values = ["node_cpu_seconds_per_image", "process_cpu_seconds_per_image", "preprocess_cpu_seconds_per_image"]
+    if "preprocess_cpu_seconds_per_image" not in df:
+        df = df.assign(preprocess_cpu_seconds_per_image=float("nan"))
     d = df[df["scheme"].isin([k for k, kind in SCHEME_KINDS.items() if kind.shared and not kind.service])
            & (df["n"] > 1)]
     g = d.groupby([*key, "scheme", "p"], as_index=False)[values].mean()
     ref = g[g["scheme"] == "all_shared"].set_index(key)[values].rename(columns=lambda c: "all_shared_" + c[:4])
     out = g[g["scheme"] != "all_shared"].join(ref, on=key).dropna(subset=["all_shared_node"])
     if out.empty:
-        return _empty(*key, "scheme", "p", *values, "all_shared_node", "all_shared_proc", "relative_to_all_shared",
-                      "relative_process", "node_quiet", "oversubscribed", "accelerator")
+        return _empty(*key, "scheme", "p", *values, "all_shared_node", "all_shared_proc", "all_shared_prep",
+                      "relative_to_all_shared", "relative_process", "relative_preprocess", "relative_exchange",
+                      "node_quiet", "oversubscribed", "accelerator")
     out["relative_to_all_shared"] = out["node_cpu_seconds_per_image"] / out["all_shared_node"]
     out["relative_process"] = out["process_cpu_seconds_per_image"] / out["all_shared_proc"]
+    out["relative_preprocess"] = out["preprocess_cpu_seconds_per_image"] / out["all_shared_prep"]
+    out["relative_exchange"] = ((out["process_cpu_seconds_per_image"] - out["preprocess_cpu_seconds_per_image"])
+                                / (out["all_shared_proc"] - out["all_shared_prep"]))
     return out.merge(_flags(d, key), on=key, how="left").reset_index(drop=True)
 
 
