@@ -57,6 +57,54 @@ def _run(a: argparse.Namespace, fail: Fail) -> int:
     return leave(run(cfg))
 
 
+
+# -- run-cells: several cells in one MPI job ------------------------------------------------------------
+def _run_cells_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help='the job\'s cells: a JSON file {"n": ranks, "cells": [{"name", "args"}, ...]}, each '
+                                "cell's args those of enspipe run (with its own --out)")
+    p.add_argument("--launcher", default=None,
+                   help='how to start the job\'s n ranks, e.g. "mpiexec -n 2" or "srun --mpi=pmi2 -n 2" '
+                        "(default: mpiexec -n N; none for one rank)")
+    p.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)  # one rank of the job the driver started
+
+
+def _cell_config(args: list[str]) -> RunConfig:
+    """A cell's config from its enspipe run options, exactly as enspipe run checks them."""
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise ConfigError("run", message, "fix the cell's enspipe run options")
+
+    p = Parser(prog="enspipe run", add_help=False)
+    _run_args(p)
+    return config_from_args(p.parse_args(args))
+
+
+def _run_cells(a: argparse.Namespace, fail: Fail) -> int:
+    import shlex
+    import shutil
+
+    from enspipe.common.host import launched
+    from enspipe.run.cells import check_cells, drive, read_spec, run_in_job
+
+    try:
+        n, cells = read_spec(a.spec)
+        cfgs = check_cells(n, cells, _cell_config)
+    except ConfigError as e:
+        if a.in_job and (launched() or (0, 1))[0] != 0:
+            return 2  # rank 0 says it
+        fail(str(e))
+    if a.in_job:
+        from enspipe.run.member import leave
+
+        return leave(run_in_job(cells, cfgs))
+    launcher = shlex.split(a.launcher) if a.launcher else (["mpiexec", "-n", str(n)] if n > 1 else [])
+    if launcher and launcher[0] == "mpiexec" and not shutil.which("mpiexec"):  # the venv's, where it is not on PATH
+        launcher[0] = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if launcher and not shutil.which(launcher[0]):
+        fail(f"--launcher: {launcher[0]} is not found; pass how to start {n} ranks, e.g. --launcher 'mpiexec -n {n}'")
+    return drive(os.path.abspath(a.spec), n, cells, launcher)
+
 # -- calibrate-rc, idle-power: measurements the workflow makes once ---------------------------------
 def _calibrate_rc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", required=True, type=network_name,
@@ -408,6 +456,8 @@ COMMANDS: dict[str, Command] = {
     **DATA_COMMANDS,
     "run": Command("run one cell: one ensemble member per MPI rank (use mpiexec -n N)", _run_args, _run,
                    show_defaults=True),
+    "run-cells": Command("run several cells one after another in one MPI job (Python, MPI and TensorFlow start "
+                         "once); each keeps its own window, monitors and summary", _run_cells_args, _run_cells),
     "calibrate-rc": Command("measure the accelerator's training rate rc on a fixed batch", _calibrate_rc_args,
                             _calibrate_rc, show_defaults=True),
     "calibrate-comm": Command("time this machine's collectives and fit the cost model's latency and bandwidth "

@@ -48,7 +48,7 @@ def run(cfg: RunConfig) -> int:
         if cfg.stream.scheme == AUTO:
             cfg = _planned(cfg, comm)
         scheme = make_scheme(cfg.stream.scheme, n, cfg.stream.preprocessors, cfg.global_batch)
-        _check_members(cfg, n)
+        check_members(cfg, n)
     except ConfigError as e:  # every rank reaches the same verdict: no collective needed
         _say_refused(rank, e)
         return 2
@@ -63,7 +63,7 @@ def _refused(cfg: RunConfig, rank: int, n: int) -> bool:
     try:
         if cfg.stream.scheme != AUTO:  # auto's scheme is chosen once MPI places the ranks
             make_scheme(cfg.stream.scheme, n, cfg.stream.preprocessors, cfg.global_batch)
-        _check_members(cfg, n)
+        check_members(cfg, n)
     except ConfigError as e:
         _say_refused(rank, e)
         return True
@@ -108,7 +108,7 @@ def run_on(cfg: RunConfig, comm) -> int:
     cell). Raises :class:`ConfigError` as :func:`run` would exit 2; a failed rank aborts the job."""
     phases.reset()
     scheme = make_scheme(cfg.stream.scheme, comm.Get_size(), cfg.stream.preprocessors, cfg.global_batch)
-    _check_members(cfg, comm.Get_size())
+    check_members(cfg, comm.Get_size())
     return _run_guarded(cfg, comm, scheme)
 
 
@@ -122,7 +122,7 @@ def _run_guarded(cfg: RunConfig, comm, scheme) -> int:
         return 1
 
 
-def _check_members(cfg: RunConfig, n: int) -> None:
+def check_members(cfg: RunConfig, n: int) -> None:
     """The options that name members, against the ``n`` ranks launched (data-parallel members
     are several ranks each); raises :class:`ConfigError`."""
     from enspipe.data.manifest import read_manifest
