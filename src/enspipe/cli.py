@@ -105,6 +105,21 @@ def _run_cells(a: argparse.Namespace, fail: Fail) -> int:
         fail(f"--launcher: {launcher[0]} is not found; pass how to start {n} ranks, e.g. --launcher 'mpiexec -n {n}'")
     return drive(os.path.abspath(a.spec), n, cells, launcher)
 
+def _take_cell_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("staged", help="the cell's folder in its shared job (its --out in the job's spec)")
+    p.add_argument("out", help="the cell's own folder")
+
+
+def _take_cell(a: argparse.Namespace, fail: Fail) -> int:
+    from enspipe.run.cells import take
+
+    if take(a.staged, a.out):
+        _say(f"took the cell that ran in a shared job: {a.staged} -> {a.out}")
+        return 0
+    _say(f"no summary in {a.staged}: the cell did not run in a shared job, or failed there")
+    return 3
+
+
 # -- calibrate-rc, idle-power: measurements the workflow makes once ---------------------------------
 def _calibrate_rc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", required=True, type=network_name,
@@ -458,6 +473,8 @@ COMMANDS: dict[str, Command] = {
                    show_defaults=True),
     "run-cells": Command("run several cells one after another in one MPI job (Python, MPI and TensorFlow start "
                          "once); each keeps its own window, monitors and summary", _run_cells_args, _run_cells),
+    "take-cell": Command("move a cell that ran in a shared job into its own folder (exit 3 where it has no "
+                         "summary there)", _take_cell_args, _take_cell),
     "calibrate-rc": Command("measure the accelerator's training rate rc on a fixed batch", _calibrate_rc_args,
                             _calibrate_rc, show_defaults=True),
     "calibrate-comm": Command("time this machine's collectives and fit the cost model's latency and bandwidth "

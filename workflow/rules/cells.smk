@@ -1,6 +1,71 @@
-# One MPI job per cell. Locally each takes every core, so measurements run one at a time.
-# n = 1 cells run without a launcher (a singleton MPI job), n > 1 under resources.mpi:
+# One MPI job per cell, or (config cells_per_job > 1) one per group of cells of one n and core limit,
+# run one after another in it (enspipe run-cells; each cell's rule then takes its folder, and runs
+# the cell alone where it failed there). Locally each job takes every core, so measurements run one
+# at a time. n = 1 runs without a launcher (a singleton MPI job), n > 1 under resources.mpi:
 # mpiexec locally, srun through the slurm profile (the Slurm executor rejects tasks = 1 with mpi).
+
+
+rule cell_job_spec:
+    input:
+        unpack(job_inputs),
+    output:
+        spec="results/jobs/{job}/spec.json",
+    localrule: True
+    run:
+        import json
+
+        with open(output.spec, "w") as f:
+            json.dump(job_spec(wildcards, input), f, indent=1)
+
+
+rule cell_job_single:
+    input:
+        spec="results/jobs/{job}/spec.json",
+    output:
+        done="results/jobs/{job}/done.json",
+    wildcard_constraints:
+        job=r"n1_c.*",
+    params:
+        enspipe=ENSPIPE,
+    conda:
+        ENV
+    log:
+        "results/logs/jobs/{job}.log",
+    threads: lambda wildcards: exclusive_threads(job_cell(wildcards))
+    resources:
+        cpus_per_task=lambda wildcards: cores_per_task(job_cell(wildcards)),
+        mem_mb=SLURM["mem_mb_per_task"],
+        runtime=SLURM["runtime"],
+        slurm_extra=slurm_extra,
+    shell:
+        "{params.enspipe} run-cells {input.spec} > {log} 2>&1 && rc=0 || rc=$?; "
+        "echo '{{\"exit\": '$rc'}}' > {output.done}"
+
+
+rule cell_job_mpi:
+    input:
+        spec="results/jobs/{job}/spec.json",
+    output:
+        done="results/jobs/{job}/done.json",
+    wildcard_constraints:
+        job=r"n([2-9]|[1-9][0-9]+)_c.*",
+    params:
+        enspipe=ENSPIPE,
+    conda:
+        ENV
+    log:
+        "results/logs/jobs/{job}.log",
+    threads: lambda wildcards: exclusive_threads(job_cell(wildcards))
+    resources:
+        tasks=lambda wildcards: JOBS[wildcards.job][0].n,
+        mpi=config["mpi"]["launcher"],
+        cpus_per_task=lambda wildcards: cores_per_task(job_cell(wildcards)),
+        mem_mb=lambda wildcards: cell_slurm(job_cell(wildcards))["mem_mb"],
+        runtime=SLURM["runtime"],
+        slurm_extra=lambda wildcards: cell_slurm(job_cell(wildcards))["slurm_extra"],
+    shell:
+        "{params.enspipe} run-cells {input.spec} --launcher '{resources.mpi} -n {resources.tasks}' > {log} 2>&1 "
+        "&& rc=0 || rc=$?; echo '{{\"exit\": '$rc'}}' > {output.done}"
 
 
 rule cell_single:
@@ -12,6 +77,7 @@ rule cell_single:
         enspipe=ENSPIPE,
         args=lambda wildcards, input: cell_args(wildcards, input, n=1),
         out=lambda wildcards, output: os.path.dirname(output.summary),
+        take=lambda wildcards, output: take_first(wildcards, output, n=1),
     conda:
         ENV
     log:
@@ -23,7 +89,7 @@ rule cell_single:
         runtime=SLURM["runtime"],
         slurm_extra=slurm_extra,
     shell:
-        "{params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
+        "({params.take}{params.enspipe} run {params.args} --out {params.out}) > {log} 2>&1"
 
 
 rule cell_mpi:
@@ -37,6 +103,7 @@ rule cell_mpi:
         enspipe=ENSPIPE,
         args=cell_args,
         out=lambda wildcards, output: os.path.dirname(output.summary),
+        take=take_first,
     conda:
         ENV
     log:
@@ -50,7 +117,8 @@ rule cell_mpi:
         runtime=SLURM["runtime"],
         slurm_extra=lambda wildcards: cell_slurm(wildcards)["slurm_extra"],
     shell:
-        "{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out} > {log} 2>&1"
+        "({params.take}{resources.mpi} -n {resources.tasks} {params.enspipe} run {params.args} --out {params.out}) "
+        "> {log} 2>&1"
 
 
 rule lag_cell:

@@ -43,6 +43,8 @@ except grid.GridError as e:
     raise WorkflowError(f"config: {e}") from None
 for note in GRID_NOTES:
     logger.warning(f"config: {note}")
+JOBS = grid.cell_jobs(config, CELLS, PER_NODE)  # several cells in one MPI job (config cells_per_job)
+JOB_OF = {cell: job for job, cells in JOBS.items() for cell in cells}
 CALIBRATIONS = grid.calibrations(config)
 RC_MEASURED = grid.trained_networks(config)
 DATASET = "results/dataset"
@@ -100,15 +102,62 @@ def cell_slurm(wildcards) -> dict:
     return grid.slurm_request(config, int(wildcards.n), PER_NODE.get(cell_of(wildcards)))
 
 
-def cell_inputs(wildcards):
+def cell_inputs(wildcards, shared=True):
     """The data stage, the idle power, the calibrated rates where the accelerator is emulated or
-    the plan chooses the scheme (auto), and the collective costs the plan uses."""
+    the plan chooses the scheme (auto), the collective costs the plan uses, and (``shared``) the
+    shared job the cell runs in first."""
     inputs = {"manifest": f"{DATASET}/manifest.json", "idle": IDLE}
     if wildcards.consumer == "emulated" or wildcards.scheme == AUTO:
         inputs["rates"] = RATES
     if wildcards.scheme == AUTO:
         inputs["comm"] = COMM
+    job = job_of(wildcards, getattr(wildcards, "n", 1)) if shared else None
+    if job is not None:
+        inputs["job"] = f"results/jobs/{job}/done.json"
     return inputs
+
+
+def job_of(wildcards, n=None):
+    """The shared MPI job the cell runs in first (None: alone)."""
+    return JOB_OF.get(cell_of(wildcards, n))
+
+
+def staged(job: str, cell) -> str:
+    """A cell's folder in its shared job, taken into results/runs by the cell's own rule."""
+    return f"results/jobs/{job}/{cell.name}"
+
+
+def take_first(wildcards, output, n=None) -> str:
+    """The cell rule's first step: take the cell from its shared job, where it ran there; else (it
+    failed there, or runs alone) the rule runs it itself. '' for a cell that runs alone."""
+    job = job_of(wildcards, n)
+    if job is None:
+        return ""
+    out = os.path.dirname(output.summary)
+    return f"{ENSPIPE} take-cell {shlex.quote(staged(job, cell_of(wildcards, n)))} {shlex.quote(out)} || "
+
+
+def job_inputs(wildcards):
+    """What a shared job's cells need (cell_inputs of each)."""
+    inputs = {}
+    for cell in JOBS[wildcards.job]:
+        fields = {k: str(getattr(cell, k)) for k in grid.CELL_FIELDS}
+        inputs.update(cell_inputs(type("Cell", (), fields), shared=False))
+    return inputs
+
+
+def job_spec(wildcards, input) -> dict:
+    """The spec of a shared job (enspipe run-cells): its n and each cell's enspipe run options."""
+    cells = JOBS[wildcards.job]
+    return {"n": cells[0].n, "cells": [
+        {"name": c.name, "args": grid.run_args(config, c, input.get("rates"), input.get("comm"))
+         + ["--data", DATASET, "--idle-power", input.idle, "--out", staged(wildcards.job, c)]} for c in cells]}
+
+
+def job_cell(wildcards):
+    """A shared job's first cell: the n, core limit and Slurm request every cell of it shares."""
+    cell = JOBS[wildcards.job][0]
+    return type("Cell", (), {k: str(getattr(cell, k)) for k in grid.CELL_FIELDS})
 
 
 def cell_args(wildcards, input, n=None):

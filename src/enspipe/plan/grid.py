@@ -116,6 +116,24 @@ def members_per_node(config: dict) -> dict[Cell, int]:
     return out
 
 
+def cell_jobs(config: dict, cells: list[Cell], per_node: dict[Cell, int] | None = None) -> dict[str, list[Cell]]:
+    """The MPI jobs that run several cells each (config ``cells_per_job``; 1: every cell alone),
+    by name: the cells of one n and core limit, in name order, at most ``cells_per_job`` a job
+    (``enspipe run-cells``). The planner's cells (``auto``), the tf.data service's and the cells
+    an experiment spreads over nodes its own way run alone, as does a group of one."""
+    k = int(config.get("cells_per_job", 1))
+    groups: dict[tuple[int, str], list[Cell]] = {}
+    for c in sorted(cells):
+        if k > 1 and c.scheme != AUTO and not SCHEME_KINDS[c.scheme].service and c not in (per_node or {}):
+            groups.setdefault((c.n, c.cores), []).append(c)
+    jobs = {}
+    for (n, cores), group in groups.items():
+        for i in range(0, len(group), k):
+            if len(group[i:i + k]) > 1:
+                jobs[f"n{n}_c{cores}_{i // k}"] = group[i:i + k]
+    return jobs
+
+
 def cells(config: dict) -> list[Cell]:
     """Every valid cell of every experiment (see :func:`expand`)."""
     return expand(config)[0]

@@ -170,3 +170,22 @@ def _record_failure(cell: CellSpec, rc: int) -> None:
     write_json_atomic(os.path.join(cell.out, FAILED_SUMMARY), {
         "cell_name": cell.name, "failure": failure, "job_exit": rc, "failed_ranks": ranks, "time": time.time()})
     print(f"enspipe run-cells: cell {cell.name} failed: {failure}", file=sys.stderr, flush=True)
+
+
+def take(staged: str, out: str) -> bool:
+    """Move a cell that ran in a shared job from its folder there (``staged``) into its own
+    (``out``, emptied of an earlier run's files), its summary last; False where it has no summary
+    there (it failed, or never ran there: run it alone)."""
+    import shutil
+
+    if not os.path.exists(os.path.join(staged, SUMMARY)):
+        return False
+    os.makedirs(out, exist_ok=True)
+    for f in os.listdir(out):
+        path = os.path.join(out, f)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    for f in sorted(os.listdir(staged), key=lambda f: f == SUMMARY):
+        shutil.move(os.path.join(staged, f), os.path.join(out, f))
+    os.rmdir(staged)
+    return True
+
