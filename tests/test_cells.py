@@ -89,3 +89,19 @@ def test_a_cell_measures_in_a_shared_job_as_it_does_alone(dataset, tmp_path):
     spread = max(max(v) / min(v) - 1 for v in (alone, shared))
     ratio = statistics.median(shared) / statistics.median(alone)
     assert abs(ratio - 1) <= max(spread, 0.15), (alone, shared)
+
+
+def test_a_cell_is_taken_from_its_shared_job_summary_last(tmp_path):
+    from enspipe.run.cells import take
+
+    staged, out = tmp_path / "jobs" / "j" / "cell", tmp_path / "runs" / "cell"
+    staged.mkdir(parents=True)
+    out.mkdir(parents=True)
+    (out / "events.rank0000.jsonl").write_text("an earlier run's\n")
+    (out / "summary.failed.json").write_text("{}")
+    assert not take(str(staged), str(out))  # no summary there: the cell runs alone
+    for f in ("events.rank0000.jsonl", "cpu.csv", "summary.json"):
+        (staged / f).write_text(f)
+    assert take(str(staged), str(out))
+    assert sorted(p.name for p in out.iterdir()) == ["cpu.csv", "events.rank0000.jsonl", "summary.json"]
+    assert (out / "events.rank0000.jsonl").read_text() == "events.rank0000.jsonl" and not staged.exists()

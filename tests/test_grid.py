@@ -264,3 +264,20 @@ def test_the_configs_preprocessing_path_and_decode_cache_reach_every_cell():
     assert args[args.index("--preprocess-impl") + 1] == "crop-first" and args[args.index("--decode-cache") + 1] == "0"
     args = grid.run_args({**cfg, "decode_cache": "8GB", "preprocess_impl": "reference"}, cell, "rates.json")
     assert args[args.index("--preprocess-impl") + 1] == "reference" and args[args.index("--decode-cache") + 1] == "8GB"
+
+
+def test_cells_of_one_n_and_core_limit_share_a_job():
+    cells = [grid.Cell(net, s, n, n, cores, "peak", rep) for net in ("alexnet_v2", "vgg_a")
+             for s in ("baseline", "all_shared") for n in (1, 2) for cores in ("1", "all") for rep in (0, 1)]
+    cells += [grid.Cell("alexnet_v2", "tfdata_service", 2, 1, "all", "peak", 0),
+              grid.Cell("alexnet_v2", "auto", 2, 2, "all", "peak", 0)]
+    assert grid.cell_jobs({}, cells) == {}  # cells_per_job 1 (the default): every cell alone
+    jobs = grid.cell_jobs({"cells_per_job": 3}, cells, {cells[0]: 1})
+    # 8 cells of each n and core limit in jobs of 3, 3 and 2; at n = 1, 1 core, 7 (one is placed per node): 3, 3, 1 alone
+    assert sorted(jobs) == sorted(f"n{n}_c{c}_{i}" for n in (1, 2) for c in ("1", "all") for i in (0, 1, 2)
+                                  if (n, c, i) != (1, "1", 2))
+    shared = [c for job in jobs.values() for c in job]
+    assert len(shared) == len(set(shared)) and all(len(job) in (2, 3) for job in jobs.values())
+    assert all(len({(c.n, c.cores) for c in job}) == 1 for job in jobs.values())
+    alone = set(cells) - set(shared)  # the peer, the planner's, the one placed per node, and a lone remainder
+    assert {c.scheme for c in alone} >= {"tfdata_service", "auto"} and cells[0] in alone

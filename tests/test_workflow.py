@@ -104,13 +104,17 @@ def test_a_short_workflow_run_end_to_end(tmp_path):
     baseline and an All-Shared cell under mpiexec, the cell table and every figure (the lag cells
     and FLEET's arms run in the test grid's whole run, marked slow)."""
     cfg = {k: v for k, v in _config("test").items() if k not in ("lag", "heterogeneous")}
-    cfg |= {"experiments": SMOKE, "steps": SMOKE_STEPS}
+    cfg |= {"experiments": SMOKE, "steps": SMOKE_STEPS, "cells_per_job": 2}  # both cells in one MPI job
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(cfg))
     r = snakemake("--cores", "2", "--configfile", path, workdir=tmp_path)
     assert r.returncode == 0, r.stderr[-4000:]
     table = pd.read_csv(tmp_path / "results" / "tables" / "cells.csv")
     assert sorted(table["cell"]) == sorted(c.name for c in grid.cells(cfg))
+    for cell in grid.cells(cfg):  # each ran in the shared job and was taken into its own folder
+        with open(tmp_path / _summary(cell)) as f:
+            assert json.load(f)["shared_job"]["cells"] == 2, cell.name
+    assert not list((tmp_path / "results" / "jobs").glob("*/vgg_a"))  # nothing left behind there
     assert table["epochs_exact"].all() and table["steady"].notna().all()
     shared = table[table["scheme"] == "all_shared"].iloc[0]
     # The judge ran and gave a verdict. Its threshold is tested on constructed tables (test_grid):
@@ -120,6 +124,23 @@ def test_a_short_workflow_run_end_to_end(tmp_path):
     seen = ["scheme", "process_cpu_seconds_per_image", "window_seconds", "window_balance", "warmup_steps", "steady"]
     assert 1 < shared["cpu_reduction_process"] < 3, table[seen].to_string()
     assert (tmp_path / "results" / "figures" / "paper_vs_run.md").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_forced_cell_of_a_shared_job_runs_alone(tmp_path):
+    """`make cell` (snakemake -f on one summary) after a run in shared jobs: that cell runs again,
+    alone, and the job does not."""
+    cfg = {k: v for k, v in _config("test").items() if k not in ("lag", "heterogeneous")}
+    cfg |= {"experiments": SMOKE, "steps": 7, "cells_per_job": 2}
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert snakemake("--cores", "2", "--configfile", path, workdir=tmp_path).returncode == 0
+    one = grid.cells(cfg)[0]
+    r = snakemake("--cores", "2", "--configfile", path, "-f", _summary(one), workdir=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "cell_job" not in r.stdout + r.stderr
+    with open(tmp_path / _summary(one)) as f:
+        assert "shared_job" not in json.load(f)
 
 
 @pytest.fixture(scope="module")

@@ -136,6 +136,10 @@ def drive(spec: str, n: int, cells: list[CellSpec], launcher: list[str]) -> int:
     and where it fails, leave the cell it failed in ``summary.failed.json`` and start it again for
     the cells after it. Returns 0 when every cell has its summary, else 1."""
     job = [*launcher, sys.executable, "-m", "enspipe", "run-cells", spec, "--in-job"]
+    for c in cells:  # an earlier run's outcomes are not this run's
+        for f in (SUMMARY, FAILED_SUMMARY):
+            if os.path.exists(os.path.join(c.out, f)):
+                os.remove(os.path.join(c.out, f))
     while True:
         pending = [c for c in cells if not c.done()]
         if not pending:
@@ -183,7 +187,10 @@ def take(staged: str, out: str) -> bool:
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):
         path = os.path.join(out, f)
-        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
     for f in sorted(os.listdir(staged), key=lambda f: f == SUMMARY):
         shutil.move(os.path.join(staged, f), os.path.join(out, f))
     os.rmdir(staged)
