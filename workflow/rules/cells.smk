@@ -10,12 +10,15 @@ rule cell_job_spec:
         unpack(job_inputs),
     output:
         spec="results/jobs/{job}/spec.json",
+    params:
+        spec=job_spec,
+    log:
+        "results/logs/jobs/{job}.spec.log",
     localrule: True
-    run:
-        import json
-
-        with open(output.spec, "w") as f:
-            json.dump(job_spec(wildcards, input), f, indent=1)
+    conda:
+        ENV
+    script:
+        "../scripts/job_spec.py"
 
 
 rule cell_job_single:

@@ -194,5 +194,9 @@ def take(staged: str, out: str) -> bool:
     for f in sorted(os.listdir(staged), key=lambda f: f == SUMMARY):
         shutil.move(os.path.join(staged, f), os.path.join(out, f))
     os.rmdir(staged)
+    try:
+        os.removedirs(os.path.dirname(staged))  # the folders above it that are empty now
+    except OSError:
+        pass
     return True
 
