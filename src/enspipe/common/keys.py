@@ -72,6 +72,9 @@ SUMMARY: dict[str, str] = {
                "accounting (images included, files skipped and ignored by reason; null for TFRecords)",
     "images_per_second_per_member": "mean over members of images/s in the measured window",
     "cpu_seconds_total": "the members' own process CPU-s in the measured window, summed",
+    "cpu_seconds_ticks_total": "the same on the kernel's tick clock (/proc/self/stat), summed; null without /proc",
+    "shared_job": "where the cell ran in a shared MPI job (enspipe run-cells): its cells, this one's position, "
+                  "whether it was the first in its process, when it started; absent for a cell run alone",
     "stages_per_image": "CPU and wall s per delivered image by pipeline stage, mean over members",
     "window": "the measured window's quality: warm-up steps, steady, balance, starvation",
     "placement": "hosts, members per host, cores, oversubscription",
@@ -118,6 +121,7 @@ RANK: dict[str, str] = {
     "learning_rate": "its member's learning rate (train)", "images": "images delivered in the window",
     "images_preprocessed": "images its preprocess stage made in the window", "seconds": "window length",
     "images_per_second": "images / seconds", "cpu_seconds": "its process CPU-s in the window",
+    "cpu_seconds_ticks": "the same CPU on the kernel's tick clock (/proc/self/stat utime + stime; null without it)",
     "cpu_seconds_per_image": "cpu_seconds / images", "thread_cpu_seconds": "CPU-s by thread group",
     "stages": "CPU and wall s by pipeline stage", "step_time_p50": "median step time (s)",
     "step_time_p95": "95th percentile step time (s)", "wait_time_mean": "mean wait for a batch (s)",
