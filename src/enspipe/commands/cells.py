@@ -52,7 +52,6 @@ def _run(a: argparse.Namespace, fail: Fail) -> int:
     return leave(run(cfg))
 
 
-
 # -- run-cells: several cells in one MPI job ------------------------------------------------------------
 def _run_cells_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help='the job\'s cells: a JSON file {"n": ranks, "cells": [{"name", "args"}, ...]}, each '
@@ -99,6 +98,7 @@ def _run_cells(a: argparse.Namespace, fail: Fail) -> int:
     if launcher and not shutil.which(launcher[0]):
         fail(f"--launcher: {launcher[0]} is not found; pass how to start {n} ranks, e.g. --launcher 'mpiexec -n {n}'")
     return drive(os.path.abspath(a.spec), n, cells, launcher)
+
 
 def _take_cell_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("staged", help="the cell's folder in its shared job (its --out in the job's spec)")
