@@ -3,6 +3,7 @@ import os
 import re
 import shlex
 import sys
+from types import SimpleNamespace
 
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
@@ -141,8 +142,7 @@ def job_inputs(wildcards):
     """What a shared job's cells need (cell_inputs of each)."""
     inputs = {}
     for cell in JOBS[wildcards.job]:
-        fields = {k: str(getattr(cell, k)) for k in grid.CELL_FIELDS}
-        inputs.update(cell_inputs(type("Cell", (), fields), shared=False))
+        inputs.update(cell_inputs(_wildcards_of(cell), shared=False))
     return inputs
 
 
@@ -156,8 +156,12 @@ def job_spec(wildcards, input) -> dict:
 
 def job_cell(wildcards):
     """A shared job's first cell: the n, core limit and Slurm request every cell of it shares."""
-    cell = JOBS[wildcards.job][0]
-    return type("Cell", (), {k: str(getattr(cell, k)) for k in grid.CELL_FIELDS})
+    return _wildcards_of(JOBS[wildcards.job][0])
+
+
+def _wildcards_of(cell):
+    """A cell as its own rule's wildcards (strings), for the helpers that take them."""
+    return SimpleNamespace(**{k: str(getattr(cell, k)) for k in grid.CELL_FIELDS})
 
 
 def cell_args(wildcards, input, n=None):

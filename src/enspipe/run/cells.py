@@ -115,8 +115,8 @@ def run_in_job(cells: list[CellSpec], cfgs: list) -> int:
         rc = run_on(cfgs[i], comm)
         gc.collect()  # the cell's pipeline, model and graphs, held in cycles: freed before the next
         if comm.Get_rank() == 0 and rc == 0:
-            _record_job(cells[i], {"cells": len(cells), "position": cells.index(cells[i]), "first_in_process":
-                                   position == 0, "started": started})
+            _record_job(cells[i], {"cells": len(cells), "position": i, "first_in_process": position == 0,
+                                   "started": started})
         comm.Barrier()
     return 0
 
@@ -136,9 +136,10 @@ def drive(spec: str, n: int, cells: list[CellSpec], launcher: list[str]) -> int:
     and where it fails, leave the cell it failed in ``summary.failed.json`` and start it again for
     the cells after it. Returns 0 when every cell has its summary, else 1."""
     job = [*launcher, sys.executable, "-m", "enspipe", "run-cells", spec, "--in-job"]
-    for c in cells:  # an earlier run's outcomes are not this run's
-        for f in (SUMMARY, FAILED_SUMMARY):
-            if os.path.exists(os.path.join(c.out, f)):
+    for c in cells:  # an earlier run's outcomes and failure records are not this run's
+        old = os.listdir(c.out) if os.path.isdir(c.out) else []
+        for f in old:
+            if f in (SUMMARY, FAILED_SUMMARY) or f.startswith(("failed.rank", "error.rank")):
                 os.remove(os.path.join(c.out, f))
     while True:
         pending = [c for c in cells if not c.done()]
