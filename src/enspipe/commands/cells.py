@@ -12,7 +12,7 @@ import sys
 from enspipe.commands.base import Command, Fail, say
 from enspipe.plan.config import RunConfig
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.run_options import add_options, from_options
+from enspipe.plan.run_options import add_options, from_options, raising_parser
 
 
 # -- run: one cell ----------------------------------------------------------------------------------
@@ -64,12 +64,7 @@ def _run_cells_args(p: argparse.ArgumentParser) -> None:
 
 def _cell_config(args: list[str]) -> RunConfig:
     """A cell's config from its enspipe run options, exactly as enspipe run checks them."""
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise ConfigError("run", message, "fix the cell's enspipe run options")
-
-    p = Parser(prog="enspipe run", add_help=False)
+    p = raising_parser("fix the cell's enspipe run options")
     run_args(p)
     return config_from_args(p.parse_args(args))
 

@@ -71,10 +71,17 @@ def parse_run_args(argv: list[str]) -> RunConfig:
     a caller that starts a cell inside its own job (``enspipe ensemble --in-job``); raises
     :class:`ConfigError`, and on an argument that does not parse, :class:`ConfigError` too."""
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise ConfigError("run", message, "fix the round's enspipe run options")
-
-    parser = Parser(prog="enspipe run", add_help=False)
+    parser = raising_parser("fix the round's enspipe run options")
     add_options(parser)
     return from_options(parser.parse_args(argv))
+
+
+def raising_parser(fix: str) -> argparse.ArgumentParser:
+    """An ``enspipe run`` parser for options given in a file or a plan rather than typed: an
+    argument that does not parse raises :class:`ConfigError` (with ``fix``) instead of exiting."""
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise ConfigError("run", message, fix)
+
+    return Parser(prog="enspipe run", add_help=False)

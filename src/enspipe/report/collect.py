@@ -267,7 +267,7 @@ def add_reductions(df):
         out.loc[~shared, f"cpu_reduction_{clock}"] = float("nan")
     has = shared & out[["cpu_reduction_node", "cpu_reduction_process"]].notna().any(axis=1).to_numpy()
     tol = {"process": ceiling_tolerance(df, "process"), "node": ceiling_tolerance(df, "node")}
-    quiet = _quiet_flags(out["node_quiet"] if "node_quiet" in out else out["scheme"].map(lambda _: None))
+    quiet = flags(out["node_quiet"] if "node_quiet" in out else out["scheme"].map(lambda _: None), True)
     base_quiet = quiet[out["scheme"] == "baseline"].groupby([out[k] for k in BASELINE_KEY], dropna=False).all()
     pair_quiet = quiet & out[BASELINE_KEY].apply(lambda r: bool(base_quiet.get(tuple(r), True)), axis=1)
     error, node = above_ceiling(df["n"], {c: out[f"cpu_reduction_{c}"] for c in CLOCKS}, tol, pair_quiet)
@@ -279,10 +279,12 @@ def add_reductions(df):
     return out
 
 
-def _quiet_flags(col):
-    """``node_quiet`` as booleans (as written, or read back from CSV); unknown counts as quiet."""
-    return col.map(lambda v: True if v is None or (isinstance(v, float) and np.isnan(v))
-                   else str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
+def flags(col, default: bool = False):
+    """A yes/no column as booleans (read back from CSV as bools, strings or floats); empty cells
+    are ``default``."""
+    import pandas as pd
+
+    return col.map(lambda v: default if pd.isna(v) else str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
 
 
 def above_ceiling(n, reductions: dict, tolerance: dict, quiet):

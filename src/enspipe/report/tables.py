@@ -16,7 +16,7 @@ import pandas as pd
 
 from enspipe.common import keys
 from enspipe.plan.schemes import SCHEME_KINDS
-from enspipe.report.collect import above_ceiling, ceiling_tolerance
+from enspipe.report.collect import above_ceiling, ceiling_tolerance, flags
 
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
 
@@ -52,12 +52,6 @@ def provenance(df: pd.DataFrame, machine: bool = True) -> str:
 def scheme_order(label: str) -> tuple[int, str]:
     """Sort key of a scheme or ``scheme (P=p)`` label: the schemes' order, then the label."""
     return next((i for i, s in enumerate(SCHEME_KINDS) if str(label).startswith(s)), len(SCHEME_KINDS)), str(label)
-
-
-def flags(col: pd.Series, default: bool = False) -> pd.Series:
-    """A yes/no column as booleans (read back from CSV as bools, strings or floats); empty cells
-    are ``default``."""
-    return col.map(lambda v: default if pd.isna(v) else str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
 
 
 def flag(d: pd.DataFrame, column: str, default: bool = False) -> pd.Series:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 from enspipe.run.summary import FAILED_SUMMARY, SUMMARY
 
 SPEC_KEYS = {"n", "cells"}
@@ -74,7 +74,7 @@ def check_cells(n: int, cells: list[CellSpec], parse) -> list:
     :class:`ConfigError`), each checked against the job's ``n`` ranks; raises :class:`ConfigError`
     naming the first bad cell. The cells must share a core limit, and the planner's choice and the
     tf.data service peer run alone."""
-    from enspipe.run.member import check_members
+    from enspipe.run.member import check_fit
 
     cfgs = []
     for c in cells:
@@ -83,8 +83,7 @@ def check_cells(n: int, cells: list[CellSpec], parse) -> list:
             scheme = cfg.stream.scheme
             if scheme == AUTO or SCHEME_KINDS[scheme].service:
                 raise ConfigError("scheme", f"{scheme} runs in a job of its own", "run it with enspipe run")
-            make_scheme(scheme, n, cfg.stream.preprocessors, cfg.global_batch)
-            check_members(cfg, n)
+            check_fit(cfg, n)
         except ConfigError as e:
             raise ConfigError("cells", f"cell {c.name}: {e}", "fix that cell's options") from None
         cfgs.append(cfg)

@@ -61,13 +61,19 @@ def _refused(cfg: RunConfig, rank: int, n: int) -> bool:
     MPI starts wherever the launcher says ``n``: once MPI is up, a rank that exits 2 while another
     is still in MPI_Finalize gets that one killed, and the job's status would say 9."""
     try:
-        if cfg.stream.scheme != AUTO:  # auto's scheme is chosen once MPI places the ranks
-            make_scheme(cfg.stream.scheme, n, cfg.stream.preprocessors, cfg.global_batch)
-        check_members(cfg, n)
+        check_fit(cfg, n)
     except ConfigError as e:
         _say_refused(rank, e)
         return True
     return False
+
+
+def check_fit(cfg: RunConfig, n: int) -> None:
+    """The options against ``n`` ranks, before MPI starts: the scheme's plan (``auto``'s is chosen
+    once MPI places the ranks) and the options that name members; raises :class:`ConfigError`."""
+    if cfg.stream.scheme != AUTO:
+        make_scheme(cfg.stream.scheme, n, cfg.stream.preprocessors, cfg.global_batch)
+    check_members(cfg, n)
 
 
 def _say_refused(rank: int, e: ConfigError) -> None:
