@@ -7,11 +7,20 @@ Under ``mpiexec -n N python train.py``, each rank is one member of the ensemble:
     model.fit(stream.dataset(), epochs=5, steps_per_epoch=stream.steps_per_epoch)
     stream.close()
 
+A process that is not one of an MPI job's ranks (a hyperparameter search's trial) attaches to the
+node's server (``enspipe serve --data data/train --batch-size 64``) instead::
+
+    stream = enspipe.attach("data/train")
+    for images, labels in stream:   # one epoch of its own: every sample exactly once
+        ...
+
 The public names (imported on first use, so ``import enspipe`` stays cheap):
 
 * :class:`SharedStream`: one member's stream of shared, preprocessed batches;
 * :class:`StreamConfig`: its options, validated when made;
 * :func:`validation_set`: a small dataset in memory, preprocessed for evaluation;
+* :func:`attach`: a stream from this node's attach server (``enspipe serve``), for a process
+  that comes and goes on its own (a search's trial): its own exactly-once epochs;
 * :class:`ConfigError`: a bad option or input, naming the field and the fix;
 * :class:`DataError`: the data broke its manifest (a corrupt record, a lost sample).
 """
@@ -20,10 +29,10 @@ import os as _os
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # rank 0 alone talks to the terminal, and briefly
 
 __version__ = "0.1.0"
-__all__ = ["SharedStream", "StreamConfig", "validation_set", "ConfigError", "DataError", "__version__"]
+__all__ = ["SharedStream", "StreamConfig", "attach", "validation_set", "ConfigError", "DataError", "__version__"]
 
 _PUBLIC = {"SharedStream": "enspipe.api.stream", "StreamConfig": "enspipe.plan.stream",
-           "validation_set": "enspipe.api.validation",
+           "validation_set": "enspipe.api.validation", "attach": "enspipe.api.attach",
            "ConfigError": "enspipe.plan.errors", "DataError": "enspipe.data.manifest"}
 
 

@@ -14,6 +14,7 @@ import sys
 from enspipe.commands.base import Command, Fail, say as _say
 from enspipe.commands.cells import CELL_COMMANDS, config_from_args
 from enspipe.commands.data import DATA_COMMANDS
+from enspipe.commands.serve import SERVE_COMMANDS
 from enspipe.common.tfimport import import_tensorflow
 from enspipe.plan.run_options import add_options
 from enspipe.plan.options import counts, network_name, positive_int
@@ -369,6 +370,7 @@ def _idle_power(a: argparse.Namespace, fail: Fail) -> int:
 
 COMMANDS: dict[str, Command] = {
     **DATA_COMMANDS,
+    **SERVE_COMMANDS,
     **CELL_COMMANDS,
     "calibrate-rc": Command("measure the accelerator's training rate rc on a fixed batch", _calibrate_rc_args,
                             _calibrate_rc, show_defaults=True),

@@ -1,0 +1,222 @@
+"""A stream from an attach server (``enspipe serve``), for a process that comes and goes on its
+own: a trial of a hyperparameter search, a notebook, any training script, with no ``mpiexec``.
+
+Example::
+
+    import enspipe
+    stream = enspipe.attach("data/train")            # the server for that dataset on this node
+    for epoch in range(3):
+        for images, labels in stream:                # one epoch of this consumer: every sample once
+            ...
+    stream.close()
+
+Each consumer has its own epochs, from the moment it attaches: every sample of the dataset
+exactly once per epoch, in an order that differs from epoch to epoch. The server preprocesses
+each sample once for every consumer that needs it at about the same time (see
+:mod:`enspipe.serve.schedule`); a batch is copied out of the node-shared pool into arrays of its
+own, so a batch kept never changes.
+
+Ending: :meth:`AttachedStream.close` (or the process exiting, or being killed) detaches; the
+server lets go of what this consumer needed at once. Where the server ends, the iteration raises
+:class:`~enspipe.serve.wire.ServerGone` as soon as its socket closes; where it stops answering,
+after ``timeout`` seconds.
+"""
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import socket
+
+import numpy as np
+
+from enspipe.plan.errors import ConfigError
+from enspipe.serve import wire
+
+
+def attach(target, *, batch_size: int | None = None, image_size: int | None = None, preprocess: str | None = None,
+           wire_dtype: str | None = None, seed: int | None = None, data: str | None = None, name: str | None = None,
+           timeout: float = 60.0) -> "AttachedStream":
+    """Attach to the server for ``target``: a dataset directory (its server's default socket, and
+    the dataset checked against the server's) or a server's socket path.
+
+    The options that are given must be the server's (``batch_size``, ``image_size``,
+    ``preprocess``, ``wire_dtype``, ``seed``; ``data``: the dataset, where ``target`` is a
+    socket); a difference raises :class:`enspipe.ConfigError` naming it. ``name`` labels this
+    consumer in the server's status; ``timeout``: seconds to wait for a batch from a server that
+    does not answer (one that has ended is noticed at once).
+    """
+    target = os.fspath(target)
+    data = os.fspath(data) if data is not None else (target if os.path.isdir(target) else None)
+    path = wire.default_socket(target) if os.path.isdir(target) else target
+    hello = {"op": "hello", "batch_size": batch_size, "image_size": image_size, "preprocess": preprocess,
+             "wire_dtype": wire_dtype, "seed": seed, "pid": os.getpid(), "name": name, "data": data,
+             "digest": _digest(data) if data is not None else None}
+    return AttachedStream(path, hello, timeout)
+
+
+def _digest(data: str) -> str:
+    from enspipe.serve.checks import load_dataset
+
+    return load_dataset(data).digest
+
+
+class AttachedStream:
+    """One consumer's stream from an attach server: the surface of :class:`~enspipe.SharedStream`
+    (``for images, labels in stream``, :meth:`next_batch`, :meth:`torch`, :meth:`jax`,
+    :meth:`dataset`, :meth:`epochs`, :meth:`close`). Made by :func:`attach`."""
+
+    def __init__(self, path: str, hello: dict, timeout: float):
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ConfigError("timeout", f"must be a positive number of seconds, got {timeout!r}", "pass e.g. 60")
+        self.path, self.timeout, self._closed = path, float(timeout), True
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(path)
+        except OSError as e:
+            self._sock.close()
+            raise ConfigError("attach", f"no server answers on {path} ({e.strerror})", "start one on this node: "
+                              "enspipe serve --data DIR --batch-size B (its socket: --socket, or the dataset's "
+                              "default)") from None
+        self._sock.settimeout(self.timeout)
+        wire.send(self._sock, hello)
+        info = self._answer()
+        if "error" in info:
+            self._sock.close()
+            raise ConfigError("attach", f"the server on {path} refused this consumer: {info['error']}",
+                              "attach with the server's options (enspipe serve --status shows them), or start a "
+                              "server for yours")
+        from enspipe.data.ledger import EpochLedger
+        from enspipe.serve.samples import Pool
+
+        self.info, self.consumer = info, info["consumer"]
+        self._pool = Pool.open(info["pool"], info["slots"], tuple(info["shape"]), np.dtype(info["dtype"]))
+        self._ledger = EpochLedger(info["num_images"])
+        self._closed, self._end = False, False
+        atexit.register(self.close)
+
+    # -- what a training script reads -----------------------------------------------------------
+    @property
+    def num_images(self) -> int:
+        """Samples in one epoch."""
+        return self.info["num_images"]
+
+    @property
+    def num_classes(self) -> int:
+        return self.info["num_classes"]
+
+    @property
+    def batch_size(self) -> int:
+        return self.info["batch_size"]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch: ``ceil(num_images / batch_size)`` (the last one may be smaller)."""
+        return math.ceil(self.num_images / self.batch_size)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    @property
+    def element_spec(self) -> tuple:
+        """``(image shape, image dtype)`` of one preprocessed sample."""
+        return tuple(self.info["shape"]), np.dtype(self.info["dtype"])
+
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next batch of this consumer's stream, ``(images, labels)`` (read-only arrays of its own)."""
+        images, meta, _ = self._next()
+        images.flags.writeable = meta.flags.writeable = False
+        return images, meta[:, 1]
+
+    def __iter__(self):
+        """The rest of this consumer's epoch, as ``(images, labels)``."""
+        for images, labels in self._batches(writable=False):
+            yield images, labels
+
+    def _batches(self, writable: bool):
+        while True:
+            images, meta, end = self._next()
+            if not writable:
+                images.flags.writeable = meta.flags.writeable = False
+            yield images, meta[:, 1]
+            if end:
+                return
+
+    def torch(self, layout: str = "NHWC", device=None):
+        """The rest of this epoch as PyTorch tensors (:class:`~enspipe.api.frameworks.TorchBatches`)."""
+        from enspipe.api.frameworks import TorchBatches
+
+        return TorchBatches(self, layout, device)
+
+    def jax(self, device=None):
+        """The rest of this epoch as ``jax.Array`` s (:class:`~enspipe.api.frameworks.JaxBatches`)."""
+        from enspipe.api.frameworks import JaxBatches
+
+        return JaxBatches(self, device)
+
+    def dataset(self):
+        """The stream as an endless ``tf.data.Dataset`` of ``(images, labels)``: pass
+        ``steps_per_epoch=stream.steps_per_epoch`` to ``model.fit``."""
+        import tensorflow as tf
+
+        shape, dtype = self.element_spec
+
+        def batches():
+            while not self._closed:
+                images, meta, _ = self._next()
+                yield images, meta[:, 1]
+
+        return tf.data.Dataset.from_generator(batches, output_signature=(
+            tf.TensorSpec((None, *shape), tf.as_dtype(dtype)), tf.TensorSpec((None,), tf.int64)))
+
+    def epochs(self) -> list[dict]:
+        """The epochs this consumer has completed: per epoch its ``count`` of samples, their
+        order-free ``digest`` and how many are ``missing`` (0: every sample exactly once)."""
+        return self._ledger.completed()
+
+    def close(self) -> None:
+        """Detach: the server lets go of what this consumer needed."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            wire.send(self._sock, {"op": "bye"})
+        except OSError:
+            pass
+        self._sock.close()
+        self._pool.close()
+
+    def __enter__(self) -> "AttachedStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the exchange with the server ------------------------------------------------------------
+    def _answer(self) -> dict:
+        try:
+            return wire.recv(self._sock)
+        except socket.timeout:
+            raise wire.ServerGone(f"the server on {self.path} did not answer in {self.timeout:g} s") from None
+        except (EOFError, OSError) as e:
+            raise wire.ServerGone(f"the server on {self.path} has ended ({e})") from None
+
+    def _next(self) -> tuple[np.ndarray, np.ndarray, bool]:
+        if self._closed:
+            from enspipe.api.stream import StreamClosed
+
+            raise StreamClosed("the stream is closed")
+        try:
+            wire.send(self._sock, {"op": "next"})
+        except OSError as e:
+            raise wire.ServerGone(f"the server on {self.path} has ended ({e})") from None
+        batch = self._answer()
+        if "error" in batch:
+            raise wire.ServerGone(f"the server on {self.path}: {batch['error']}")
+        images, meta = self._pool.gather(batch["slots"])
+        try:
+            wire.send(self._sock, {"op": "release", "slots": batch["slots"]})
+        except OSError:
+            pass  # the next request says the server is gone
+        self._ledger.add(meta[:, 0], np.full(len(meta), batch["epoch"], np.int64))
+        return images, meta, batch["end"]

@@ -1,0 +1,56 @@
+"""The attach server's checks before any work: its options, the dataset, the socket and the memory.
+A problem raises :class:`enspipe.ConfigError` naming the option and the fix (``enspipe serve``
+exits 2 with it)."""
+from __future__ import annotations
+
+import os
+
+from enspipe.plan.errors import ConfigError, require
+from enspipe.serve.wire import ServeOptions, live_server
+
+
+def load_dataset(data: str):
+    """The dataset's manifest, checked as :class:`~enspipe.StreamConfig` checks it."""
+    from enspipe.data.build import load_manifest
+    from enspipe.data.manifest import DataError, verify_digest
+    from enspipe.data.records import indexed
+
+    if not os.path.isdir(data):
+        raise ConfigError("data", f"{data}: no such directory", "pass a dataset directory")
+    try:
+        m = load_manifest(str(data))
+        problem = verify_digest(m)
+    except DataError as e:
+        raise ConfigError("data", str(e), "re-create the dataset, or re-index it with `enspipe index`") from None
+    require(problem is None, "data", f"{problem}", "re-create the dataset, or re-index it with `enspipe index`")
+    require(m.kind == "jpeg_folders" or indexed(m), "data", f"{data}: the manifest does not count every shard's "
+            "records", f"index it once with `enspipe index --data {data}`")
+    require(m.num_images > 0, "data", f"{data}: no samples", "pass a dataset with images")
+    return m
+
+
+def claim_socket(path: str, say) -> None:
+    """Refuse a socket a live server answers on; remove a stale one (saying so)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    require(os.path.isdir(parent), "socket", f"{parent}: no such directory", "pass --socket in an existing directory")
+    if not os.path.lexists(path):
+        return
+    if live_server(path):
+        raise ConfigError("socket", f"{path} is in use by a live server", "stop that server (enspipe serve "
+                          f"--status --socket {path} names its pid), or pass another --socket")
+    os.remove(path)
+    say(f"removed a stale socket {path} (no server answered on it)")
+
+
+def prepare(opts: ServeOptions, say):
+    """Every check, in order; returns the dataset's manifest."""
+    from enspipe.exchange.shm import shm_free_bytes
+
+    problem = opts.slots_problem()
+    require(problem is None, "memory", f"{problem}", "pass a larger --memory, or a smaller --batch-size")
+    free = shm_free_bytes()
+    require(free is None or opts.memory <= free, "memory", f"{opts.memory} bytes asked, /dev/shm has {free} free",
+            "pass a smaller --memory, or free /dev/shm")
+    m = load_dataset(str(opts.data))
+    claim_socket(opts.socket, say)
+    return m

@@ -1,0 +1,129 @@
+"""One sample of a dataset by its number, read and preprocessed into a slot of the server's pool
+(Pillow and numpy: :mod:`enspipe.data.pixels`; no TensorFlow), and the pool itself: a file in
+``/dev/shm`` that the server and every consumer map.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from enspipe.data import pixels
+from enspipe.data.keys import sample_ids
+from enspipe.data.manifest import DataError, Manifest
+from enspipe.data.order import NumpyOrder, RecordReader, read_file
+
+SHM_DIR = "/dev/shm"
+POOL_PREFIX = "enspipe-serve-"
+
+
+class SampleSource:
+    """Sample ``s`` (its number in the dataset's canonical order) as ``(encoded, label, id, key)``;
+    safe to call from several threads (each has its own record reader)."""
+
+    def __init__(self, m: Manifest):
+        from enspipe.data.parse import resolve
+        from enspipe.data.records import record_format
+
+        order = NumpyOrder(m, 0, 0)
+        self.m, self.folders = m, order.folders
+        self.first, self.names = order.first, order.names
+        self.parser = None if self.folders else resolve(record_format(m))
+        self.paths = m.paths()
+        self.labels = np.asarray(m.labels, np.int64) if self.folders else None
+        self._local = threading.local()
+
+    def read(self, s: int) -> tuple[bytes, int, int, str]:
+        shard = int(np.searchsorted(self.first, s, side="right") - 1)
+        if self.folders:
+            key = str(self.names[shard])
+            encoded, label = read_file(self.paths[shard], key.encode(), False), int(self.labels[shard])
+        else:
+            record = s - int(self.first[shard])
+            key = f"{self.names[shard]}{record}"
+            reader = getattr(self._local, "reader", None)
+            if reader is None:
+                reader = self._local.reader = RecordReader(self.m, False)
+            encoded, label = self.parser.fn(reader.read(shard, record), key.encode())
+        return encoded, int(label), int(sample_ids([key])[0]), key
+
+
+class Pool:
+    """``slots`` preprocessed samples and their ``[id, label]`` rows in one node-shared file,
+    created by the server (:meth:`create`) and mapped by each consumer (:meth:`open`)."""
+
+    def __init__(self, path: str, slots: int, shape: tuple, dtype, create: bool):
+        self.path, self.slots, self.shape, self.dtype = path, int(slots), tuple(shape), np.dtype(dtype)
+        image_bytes = self.slots * int(np.prod(self.shape)) * self.dtype.itemsize
+        size = image_bytes + self.slots * 16
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.images = np.frombuffer(self._map, self.dtype, self.slots * int(np.prod(self.shape)), 0).reshape(
+            (self.slots, *self.shape))
+        self.meta = np.frombuffer(self._map, np.int64, self.slots * 2, image_bytes).reshape(self.slots, 2)
+
+    @classmethod
+    def create(cls, slots: int, shape: tuple, dtype) -> "Pool":
+        reap_pools()
+        return cls(os.path.join(SHM_DIR, f"{POOL_PREFIX}{os.getpid()}"), slots, shape, dtype, create=True)
+
+    @classmethod
+    def open(cls, path: str, slots: int, shape: tuple, dtype) -> "Pool":
+        return cls(path, slots, shape, dtype, create=False)
+
+    @property
+    def bytes(self) -> int:
+        return len(self._map)
+
+    def gather(self, slots: list) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of these slots' images and ``[id, label]`` rows: the consumer's own batch."""
+        return np.take(self.images, slots, axis=0), np.take(self.meta, slots, axis=0)
+
+    def close(self, unlink: bool = False) -> None:
+        self.images = self.meta = None
+        try:
+            self._map.close()
+        except BufferError:  # a view still held: the mapping goes with the process
+            pass
+        if unlink:
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def reap_pools() -> int:
+    """Remove pools whose server is gone (killed with SIGKILL, it never removed its own)."""
+    gone = 0
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(POOL_PREFIX)]
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(POOL_PREFIX):]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.remove(os.path.join(SHM_DIR, name))
+                gone += 1
+            except OSError:
+                pass
+    return gone
+
+
+def make_sample(source: SampleSource, opts, s: int, position: int) -> tuple[np.ndarray, int, int]:
+    """Sample ``s`` preprocessed with the draws of stream ``position``: ``(image as it travels,
+    label, id)``; raises :class:`DataError` naming a file that cannot be read or decoded."""
+    encoded, label, sid, key = source.read(s)
+    try:
+        image = pixels.PREPROCESSING[opts.preprocess](encoded, opts.image_size, pixels.generator(opts.seed, position),
+                                                      opts.fast_mode)
+    except pixels.Undecodable as e:
+        raise DataError(f"{key}: undecodable image ({e})") from None
+    return pixels.to_wire(opts.preprocess, image, opts.wire_dtype), label, sid

@@ -1,0 +1,245 @@
+"""Which sample the server preprocesses next, and which consumer takes which: the attach server's
+bookkeeping, free of sockets, threads and pixels (so every rule is tested on its own).
+
+Each attached consumer has its own epochs. In an epoch it needs every sample of the dataset once;
+``need[c]`` marks the samples it still needs. A preprocessed sample sits in one slot of the pool
+(node-shared memory, ``slots`` of them) until every consumer that needed it when it was made, or
+that came to need it while it sat there, has taken it.
+
+* **What to make** (:meth:`Scheduler.plan`), after Joader's dependent sampling: for a consumer that
+  lacks ready samples, the samples it needs that are neither in the pool nor being made, ranked by
+  how many consumers still need each in their current epochs, ties broken at random. With one
+  consumer every candidate ties, so each epoch is a uniform random permutation.
+* **What to give** (:meth:`Scheduler.take`): a consumer's ready samples in the order they were
+  made, ``batch`` at a time; the last batch of an epoch has what is left. A sample is given to a
+  consumer at most once per epoch (its ``need`` bit is cleared) and at least once (an epoch ends
+  only when no bit is left).
+* **Eviction** (memory is the pool): where no slot is free, the server evicts the sample that the
+  fewest consumers wait for, never one a consumer is copying, one being made, one the asking
+  consumer waits for, or one in the next batch of any consumer. Those that waited for it still
+  need it: when made again for them it is counted as re-preprocessed, reason ``evicted`` (they
+  lagged while the budget was full).
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import numpy as np
+
+REASONS = ("evicted",)  # why a sample was preprocessed again for a consumer that still needed it
+
+
+@dataclass
+class Consumer:
+    """One attached consumer's place: its epoch, what it still needs, what is ready for it."""
+
+    cid: int
+    need: np.ndarray
+    epoch: int = -1
+    left: int = 0                 # samples it still needs this epoch
+    delivered: int = 0            # samples taken, over all its epochs
+    ready: collections.deque = field(default_factory=collections.deque)  # slots, in the order made
+    evicted: set = field(default_factory=set)  # samples evicted while it waited for them
+    holding: collections.Counter = field(default_factory=collections.Counter)  # slots it is copying out
+    rollover: bool = True         # its next take starts a new epoch
+
+
+@dataclass(frozen=True)
+class Taken:
+    """One batch given to a consumer: its slots and samples, its epoch, and whether it ends the epoch."""
+
+    slots: list
+    samples: list
+    epoch: int
+    end: bool
+
+
+class Scheduler:
+    """The pool's and the consumers' state; every method runs under the server's one lock."""
+
+    def __init__(self, num_images: int, slots: int, batch: int, seed: int = 0):
+        self.n, self.slots, self.batch = int(num_images), int(slots), int(batch)
+        self.rng = np.random.default_rng(seed)
+        self.count = np.zeros(self.n, np.int32)       # consumers that still need each sample this epoch
+        self.present = np.zeros(self.n, bool)          # in the pool, or being made
+        self.dropped = np.zeros(self.n, bool)          # could not be preprocessed: out of every epoch
+        self.slot_of = np.full(self.n, -1, np.int64)
+        self.sample_in = np.full(self.slots, -1, np.int64)
+        self.pending: list[set] = [set() for _ in range(self.slots)]  # consumers that will take the slot
+        self.held = np.zeros(self.slots, np.int32)     # consumers copying the slot out
+        self.making: set[int] = set()
+        self.free: list[int] = list(range(self.slots - 1, -1, -1))
+        self.consumers: dict[int, Consumer] = {}
+        self.made = 0
+        self.again = {r: 0 for r in REASONS}
+        self.evictions = 0
+        self.given = 0  # samples taken, by every consumer that ever attached
+
+    # -- consumers come and go ----------------------------------------------------------------
+    def attach(self, cid: int) -> Consumer:
+        c = Consumer(cid, np.zeros(self.n, bool))
+        self.consumers[cid] = c
+        return c
+
+    def detach(self, cid: int) -> None:
+        """A consumer gone (closed, exited or killed): what it needed and held is let go."""
+        c = self.consumers.pop(cid, None)
+        if c is None:
+            return
+        self.count[c.need] -= 1
+        for slot in range(self.slots):
+            self.pending[slot].discard(cid)
+        for slot, k in c.holding.items():
+            self.held[slot] -= k
+        for slot in range(self.slots):
+            self._maybe_free(slot)
+
+    def _new_epoch(self, c: Consumer) -> None:
+        c.epoch += 1
+        c.need[:] = ~self.dropped
+        c.left = int(c.need.sum())
+        c.evicted.clear()
+        c.ready.clear()
+        self.count[c.need] += 1
+        for slot in np.flatnonzero(self.sample_in >= 0).tolist():  # what the pool holds serves it too
+            if c.need[self.sample_in[slot]]:
+                self.pending[slot].add(c.cid)
+                if slot not in self.making:
+                    c.ready.append(slot)
+        c.rollover = False
+
+    # -- giving ---------------------------------------------------------------------------------
+    def take(self, cid: int) -> Taken | None:
+        """The consumer's next batch, or None while fewer than a batch of its samples are ready
+        (fewer than that only where the epoch has fewer left)."""
+        c = self.consumers[cid]
+        if c.rollover:
+            self._new_epoch(c)
+        want = min(self.batch, c.left)
+        if len(c.ready) < want:
+            return None
+        slots = [c.ready.popleft() for _ in range(want)]
+        samples = self.sample_in[slots].tolist()
+        for slot, s in zip(slots, samples):
+            self.pending[slot].discard(cid)
+            self.held[slot] += 1
+            c.holding[slot] += 1
+            c.need[s] = False
+            self.count[s] -= 1
+        c.left -= want
+        c.delivered += want
+        self.given += want
+        c.rollover = c.left == 0
+        return Taken(slots, samples, c.epoch, c.rollover)
+
+    def release(self, cid: int, slots) -> None:
+        """The consumer has copied these slots out."""
+        c = self.consumers.get(cid)
+        for slot in slots:
+            if c is not None and c.holding[slot] > 0:
+                c.holding[slot] -= 1
+                if not c.holding[slot]:
+                    del c.holding[slot]
+                self.held[slot] -= 1
+                self._maybe_free(slot)
+
+    # -- making ---------------------------------------------------------------------------------
+    def wanted(self, cid: int, ahead: int) -> int:
+        """How many more samples to make for the consumer: enough for its next batch and ``ahead``
+        batches more, counting what is ready or being made for it."""
+        c = self.consumers[cid]
+        if c.rollover:
+            self._new_epoch(c)
+        coming = len(c.ready) + sum(1 for slot in self.making if cid in self.pending[slot])
+        return max(0, min(c.left, self.batch * (1 + ahead)) - coming)
+
+    def plan(self, cid: int, k: int) -> list[tuple[int, int]]:
+        """Up to ``k`` ``(sample, slot)`` to make for the consumer (fewer where the pool is full of
+        what others are copying or about to take); each slot is then being made."""
+        c = self.consumers[cid]
+        candidates = np.flatnonzero(c.need & ~self.present)
+        if k <= 0 or not len(candidates):
+            return []
+        if len(candidates) > k:  # the most-needed, ties at random
+            score = self.count[candidates] + self.rng.random(len(candidates))
+            candidates = candidates[np.argpartition(-score, k - 1)[:k]]
+        else:
+            self.rng.shuffle(candidates)
+        jobs = []
+        for s in candidates.tolist():
+            slot = self.free.pop() if self.free else self._evict(c)
+            if slot is None:
+                break
+            self._place(s, slot)
+            jobs.append((s, slot))
+        return jobs
+
+    def _place(self, s: int, slot: int) -> None:
+        self.present[s], self.slot_of[s], self.sample_in[slot] = True, slot, s
+        self.making.add(slot)
+        self.made += 1
+        waiting = {d.cid for d in self.consumers.values() if d.need[s]}
+        self.pending[slot] = waiting
+        if any(s in d.evicted for d in self.consumers.values()):
+            self.again["evicted"] += 1
+            for d in self.consumers.values():
+                d.evicted.discard(s)
+
+    def made_one(self, slot: int) -> None:
+        """The slot's sample is preprocessed: ready for every consumer waiting for it."""
+        self.making.discard(slot)
+        for cid in self.pending[slot]:
+            self.consumers[cid].ready.append(slot)
+        self._maybe_free(slot)
+
+    def failed_one(self, slot: int) -> int:
+        """The slot's sample could not be preprocessed: it leaves every epoch (the server names it).
+        Returns the sample."""
+        s = int(self.sample_in[slot])
+        self.making.discard(slot)
+        self.dropped[s] = True
+        for d in self.consumers.values():
+            if d.need[s]:
+                d.need[s] = False
+                d.left -= 1
+                self.count[s] -= 1
+        self.pending[slot] = set()
+        self._maybe_free(slot)
+        return s
+
+    def _evict(self, asking: Consumer) -> int | None:
+        """A slot freed by evicting the sample the fewest consumers wait for, or None."""
+        protected = set()
+        for d in self.consumers.values():
+            protected.update(list(d.ready)[: self.batch])
+        best, best_waiting = None, None
+        for slot in range(self.slots):
+            if slot in self.making or self.held[slot] or asking.cid in self.pending[slot] or slot in protected:
+                continue
+            waiting = len(self.pending[slot])
+            if best is None or waiting < best_waiting:
+                best, best_waiting = slot, waiting
+        if best is None:
+            return None
+        s = int(self.sample_in[best])
+        for cid in self.pending[best]:
+            d = self.consumers[cid]
+            d.ready.remove(best)
+            d.evicted.add(s)
+        self.pending[best] = set()
+        self.present[s], self.slot_of[s], self.sample_in[best] = False, -1, -1
+        self.evictions += 1
+        return best
+
+    def _maybe_free(self, slot: int) -> None:
+        s = int(self.sample_in[slot])
+        if s < 0 or slot in self.making or self.held[slot] or self.pending[slot]:
+            return
+        self.present[s], self.slot_of[s], self.sample_in[slot] = False, -1, -1
+        self.free.append(slot)
+
+    # -- what the status shows ------------------------------------------------------------------
+    def in_use(self) -> int:
+        return self.slots - len(self.free)
+

@@ -1,0 +1,207 @@
+"""``enspipe serve``: one node's preprocessing, served to every process that attaches.
+
+The server owns the pool (node-shared memory, within its budget) and a thread per attached
+consumer; a pool of ``workers`` threads preprocesses what the scheduler
+(:mod:`enspipe.serve.schedule`) picks. A consumer's messages are small (``next``, ``release``); a
+batch is a list of slots, which the consumer copies out of the pool into its own arrays and then
+releases, so a batch it keeps never changes.
+
+A consumer that goes away (``close()``, its process exiting or killed) closes its socket: the
+server sees it at once and lets go of everything that consumer needed or held. The server writes
+its status (consumers, their epochs and positions, the window's and the total's rates and sharing)
+to ``SOCKET.status.json`` every ``status_interval`` seconds and when it stops.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from enspipe.common.atomic import write_json_atomic
+from enspipe.data.manifest import DataError
+from enspipe.serve import wire
+from enspipe.serve.samples import Pool, SampleSource, make_sample
+from enspipe.serve.schedule import Scheduler
+from enspipe.serve.status import Status
+
+HELLO_TIMEOUT_S = 10.0
+
+
+def status_path(sock: str) -> str:
+    return sock + ".status.json"
+
+
+class Server:
+    """The server for ``opts`` over ``manifest`` (checked beforehand: :func:`enspipe.serve.checks.prepare`)."""
+
+    def __init__(self, opts: wire.ServeOptions, manifest, say=print, idle_exit: float = 0.0):
+        from enspipe.data.pixels import output_spec
+
+        self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
+        shape, dtype = output_spec(opts.preprocess, opts.image_size, opts.wire_dtype)
+        self.pool = Pool.create(opts.slots, shape, dtype)
+        self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)
+        self.cond = threading.Condition()
+        self.source = SampleSource(manifest)
+        self.workers = ThreadPoolExecutor(opts.workers or os.cpu_count() or 1, thread_name_prefix="enspipe-serve")
+        self.positions = itertools.count()
+        self.ids = itertools.count()
+        self.stopping = threading.Event()
+        self.status = Status(self.sched, opts, self.pool.bytes)
+        self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}
+
+    # -- the main loop ----------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Listen on the socket until SIGTERM or SIGINT (or, with ``idle_exit``, until no consumer
+        has been attached for that long); then end every consumer's iteration and clean up."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.opts.socket)
+        listener.listen(64)
+        listener.settimeout(0.2)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stopping.set())
+        write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="serving"))
+        reporter = threading.Thread(target=self._report, name="enspipe-serve-status", daemon=True)
+        reporter.start()
+        self.say(f"serving {self.opts.data} ({self.m.num_images} samples, batch {self.opts.batch_size}, "
+                 f"{self.opts.image_size} px {self.opts.preprocess}) on {self.opts.socket}; pool "
+                 f"{self.opts.slots} samples ({self.pool.bytes / 2**20:.0f} MiB)")
+        idle_since = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except socket.timeout:
+                    if self.sched.consumers or self.status.connections:
+                        idle_since = time.monotonic()
+                    elif self.idle_exit and time.monotonic() - idle_since > self.idle_exit:
+                        self.say(f"no consumer for {self.idle_exit:g} s: stopping")
+                        break
+                    continue
+                threading.Thread(target=self._consumer, args=(conn,), daemon=True, name="enspipe-consumer").start()
+        finally:
+            self._stop(listener)
+
+    def _stop(self, listener: socket.socket) -> None:
+        self.stopping.set()
+        listener.close()
+        try:
+            os.remove(self.opts.socket)
+        except FileNotFoundError:
+            pass
+        with self.cond:
+            self.cond.notify_all()
+        self.status.close_connections()
+        self.workers.shutdown(wait=True, cancel_futures=True)
+        write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="stopped"))
+        self.pool.close(unlink=True)
+        self.say("stopped; " + self.status.totals_line())
+
+    def _report(self) -> None:
+        while not self.stopping.wait(self.opts.status_interval):
+            with self.cond:
+                snap = self.status.snapshot(state="serving")
+            write_json_atomic(status_path(self.opts.socket), snap)
+
+    # -- one consumer -----------------------------------------------------------------------------
+    def _consumer(self, conn: socket.socket) -> None:
+        cid, why = None, "closed"
+        try:
+            conn.settimeout(HELLO_TIMEOUT_S)
+            hello = wire.recv(conn)
+            cid = self._admit(conn, hello)
+            if cid is None:
+                return
+            conn.settimeout(None)  # a consumer may train as slowly as it likes
+            while not self.stopping.is_set():
+                msg = wire.recv(conn)
+                if msg["op"] == "release":
+                    with self.cond:
+                        self.sched.release(cid, msg["slots"])
+                        self.cond.notify_all()
+                elif msg["op"] == "next":
+                    wire.send(conn, self._next(cid))
+                elif msg["op"] == "bye":
+                    break
+        except (EOFError, OSError, ValueError) as e:
+            why = "gone" if cid is not None else f"no hello ({type(e).__name__})"
+        finally:
+            self._leave(conn, cid, why)
+
+    def _admit(self, conn: socket.socket, hello: dict) -> int | None:
+        """The new consumer's id, after its hello matches this server; else it is told why."""
+        problems = wire.differences(self.info, hello)
+        with self.cond:
+            if not problems and len(self.sched.consumers) >= self.capacity:
+                problems = [f"consumers: the server's memory budget ({self.opts.memory} bytes) holds "
+                            f"{self.capacity} consumers' batches; start the server with a larger --memory"]
+            if problems:
+                wire.send(conn, {"error": "; ".join(problems)})
+                return None
+            cid = next(self.ids)
+            self.sched.attach(cid)
+            self.status.attached(cid, conn, hello)
+        wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots,
+                         "shape": list(self.pool.shape), "dtype": self.pool.dtype.str,
+                         "num_images": self.m.num_images, "num_classes": self.m.num_classes,
+                         "pid": os.getpid(), **self.info})
+        return cid
+
+    @property
+    def capacity(self) -> int:
+        """Consumers the pool holds: each may copy one batch out while its next ones are made."""
+        return min(self.opts.max_consumers, max(1, self.opts.slots // (self.opts.batch_size * (2 + self.opts.ahead))))
+
+    def _leave(self, conn: socket.socket, cid: int | None, why: str) -> None:
+        with self.cond:
+            if cid is not None:
+                self.sched.detach(cid)
+                self.status.detached(cid, why)
+            self.cond.notify_all()
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+    def _next(self, cid: int) -> dict:
+        with self.cond:
+            while (taken := self.sched.take(cid)) is None:
+                self._make_for(cid)
+                self.cond.wait(0.5)
+                if self.stopping.is_set():
+                    return {"error": "the server is stopping"}
+            self._make_for(cid)
+            self.status.gave(cid, len(taken.samples))
+        return {"slots": taken.slots, "epoch": taken.epoch, "end": taken.end}
+
+    # -- making ---------------------------------------------------------------------------------
+    def _make_for(self, cid: int) -> None:
+        """Queue what the consumer lacks (under the lock)."""
+        for s, slot in self.sched.plan(cid, self.sched.wanted(cid, self.opts.ahead)):
+            self.workers.submit(self._make, s, slot, next(self.positions))
+
+    def _make(self, s: int, slot: int, position: int) -> None:
+        try:
+            image, label, sid = make_sample(self.source, self.opts, s, position)
+            self.pool.images[slot] = image
+            self.pool.meta[slot] = (sid, label)
+        except (DataError, OSError) as e:
+            with self.cond:
+                self.sched.failed_one(slot)
+                self.status.failed(str(e))
+                self.cond.notify_all()
+            self.say(f"left out of every epoch: {e}")
+            return
+        except BaseException as e:  # noqa: BLE001 - a bug: say it and stop serving rather than hang everyone
+            self.say(f"error: preprocessing sample {s} failed: {type(e).__name__}: {e}; stopping")
+            self.stopping.set()
+            with self.cond:
+                self.cond.notify_all()
+            return
+        with self.cond:
+            self.sched.made_one(slot)
+            self.cond.notify_all()

@@ -1,0 +1,97 @@
+"""What the attach server reports: the consumers attached (their epochs, positions and rates), and
+per window and in total the images preprocessed, the deliveries, the sharing factor (deliveries
+per preprocessed image; its ideal is the number of consumers attached), the images preprocessed
+again (and why), the memory held and the server's CPU (``process_time``, its own nanoseconds).
+
+A window is the time between two snapshots; its counts are what happened in it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b else None
+
+
+class Status:
+    """The server's counters and the consumers' places; read and written under the server's lock."""
+
+    def __init__(self, sched, opts, pool_bytes: int):
+        self.sched, self.opts, self.pool_bytes = sched, opts, pool_bytes
+        self.started = time.time()
+        self.consumers: dict[int, dict] = {}
+        self.departed: list[dict] = []
+        self.connections: dict[int, socket.socket] = {}
+        self.failures: list[str] = []
+        self._last = self._counters()
+
+    def attached(self, cid: int, conn: socket.socket, hello: dict) -> None:
+        self.connections[cid] = conn
+        self.consumers[cid] = {"consumer": cid, "pid": hello.get("pid"), "name": hello.get("name") or f"consumer{cid}",
+                               "attached_at": round(time.time() - self.started, 3), "delivered": 0, "_window": 0}
+
+    def detached(self, cid: int, why: str) -> None:
+        self.connections.pop(cid, None)
+        c = self.consumers.pop(cid, None)
+        if c is not None:
+            c = {k: v for k, v in c.items() if not k.startswith("_")}
+            self.departed.append({**c, "left_at": round(time.time() - self.started, 3), "how": why})
+
+    def gave(self, cid: int, n: int) -> None:
+        c = self.consumers[cid]
+        c["delivered"] += n
+        c["_window"] += n
+
+    def failed(self, problem: str) -> None:
+        self.failures.append(problem)
+
+    def close_connections(self) -> None:
+        for conn in list(self.connections.values()):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _counters(self) -> dict:
+        return {"time": time.monotonic(), "made": self.sched.made, "given": self.sched.given,
+                "again": dict(self.sched.again), "cpu": time.process_time()}
+
+    def snapshot(self, state: str) -> dict:
+        """The status now: the totals, the window since the last snapshot, and the consumers."""
+        now, last = self._counters(), self._last
+        seconds = now["time"] - last["time"]
+        window = {"seconds": round(seconds, 3), "preprocessed": now["made"] - last["made"],
+                  "delivered": now["given"] - last["given"],
+                  "preprocessed_again": {r: now["again"][r] - last["again"].get(r, 0) for r in now["again"]},
+                  "cpu_seconds": round(now["cpu"] - last["cpu"], 4)}
+        window["sharing_factor"] = _ratio(window["delivered"], window["preprocessed"])
+        window["cpu_ms_per_delivered_image"] = _ratio(1000 * window["cpu_seconds"], window["delivered"])
+        self._last = now
+        consumers = []
+        for cid, c in self.consumers.items():
+            place = self.sched.consumers.get(cid)
+            consumers.append({**{k: v for k, v in c.items() if not k.startswith("_")},
+                              "epoch": place.epoch if place else None,
+                              "position": (self.sched.n - place.left) if place and not place.rollover else 0,
+                              "images_per_second": _ratio(c["_window"], seconds)})
+            c["_window"] = 0
+        total = {"seconds": round(time.time() - self.started, 3), "preprocessed": self.sched.made,
+                 "delivered": self.sched.given, "preprocessed_again": dict(self.sched.again),
+                 "evictions": self.sched.evictions, "cpu_seconds": round(now["cpu"], 4),
+                 "sharing_factor": _ratio(self.sched.given, self.sched.made),
+                 "cpu_ms_per_delivered_image": _ratio(1000 * now["cpu"], self.sched.given),
+                 "left_out": list(self.failures)}
+        return {"state": state, "pid": os.getpid(), "socket": self.opts.socket, "data": str(self.opts.data),
+                "num_images": self.sched.n, "batch_size": self.opts.batch_size,
+                "memory": {"budget_bytes": self.opts.memory, "pool_bytes": self.pool_bytes,
+                           "held_bytes": self.sched.in_use() * self.opts.sample_bytes,
+                           "slots": self.sched.slots, "slots_in_use": self.sched.in_use()},
+                "consumers": consumers, "departed": self.departed[-50:], "window": window, "total": total}
+
+    def totals_line(self) -> str:
+        s = self.sched
+        return (f"{s.made} images preprocessed, {s.given} delivered (sharing factor "
+                f"{_ratio(s.given, s.made)}), {s.again['evicted']} preprocessed again after eviction")

@@ -1,0 +1,159 @@
+"""What the attach server and its consumers agree on: the server's options (:class:`ServeOptions`,
+validated when made), where its socket is, and the messages on it.
+
+The socket carries only small JSON messages (length-prefixed): a consumer's ``hello`` (what it
+expects of the stream), its ``next`` (a batch, please) and ``release`` (copied out); the server's
+answers name slots of the pool, node-shared memory that both map. Pixels never cross the socket.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import tempfile
+from dataclasses import dataclass
+
+from enspipe.plan.errors import ConfigError, require
+from enspipe.plan.options import parse_size
+
+PREPROCESSING = ("inception", "vgg")
+WIRE_DTYPES = ("float32", "uint8")
+HEADER = struct.Struct("!I")
+MAX_MESSAGE = 64 << 20
+# the hello fields a consumer may state; where stated they must be the server's
+MATCHED = ("batch_size", "image_size", "preprocess", "wire_dtype", "seed")
+
+
+class ServerGone(RuntimeError):
+    """The attach server ended (or stopped answering) while a consumer read from it."""
+
+
+def default_socket(data: str) -> str:
+    """The socket of the server for a dataset directory, where ``--socket`` is not given: one per
+    dataset and user, in ``$XDG_RUNTIME_DIR`` (else the temporary directory)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    name = os.path.abspath(str(data)).strip("/").replace("/", "_")[-80:]
+    return os.path.join(base, f"enspipe-{os.getuid()}-{name}.sock")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """One attach server's stream: what it reads and makes, and what it may hold.
+
+    Example::
+
+        ServeOptions(data="data/train", batch_size=64, image_size=224, memory="2GB")
+
+    ``memory``: the pool's budget (bytes or a size such as ``"2GB"``), every preprocessed sample
+    held for a consumer counted; ``ahead``: batches made ahead for each consumer; ``workers``:
+    preprocessing threads (default: this host's cores); ``status_interval``: seconds between the
+    status file's updates (``SOCKET.status.json``), each a window of the rates it shows.
+    """
+
+    data: str
+    batch_size: int
+    image_size: int = 224
+    preprocess: str = "inception"
+    wire_dtype: str = "uint8"
+    fast_mode: bool = False
+    seed: int = 0
+    workers: int | None = None
+    socket: str | None = None
+    memory: int | str = "1GB"
+    ahead: int = 2
+    status_interval: float = 2.0
+    max_consumers: int = 64
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "memory", parse_size(self.memory))
+        except ValueError as e:
+            raise ConfigError("memory", str(e), "pass e.g. memory='2GB'") from None
+        require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
+                "pass data=DIR: TFRecord shards or image class folders with a manifest (enspipe index)")
+        for name in ("batch_size", "image_size", "ahead", "max_consumers"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= (0 if name == "ahead" else 1), name,
+                    f"must be a positive integer, got {value!r}", f"pass {name}=N")
+        require(self.workers is None or (isinstance(self.workers, int) and self.workers >= 1), "workers",
+                f"must be >= 1, got {self.workers!r}", "pass workers=K, or leave it out (this host's cores)")
+        require(self.preprocess in PREPROCESSING, "preprocess", f"unknown preprocessing {self.preprocess!r}",
+                f"choose one of {', '.join(PREPROCESSING)}")
+        require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
+                f"choose one of {', '.join(WIRE_DTYPES)}")
+        require(self.status_interval > 0, "status_interval", f"must be > 0, got {self.status_interval!r}",
+                "pass e.g. 2")
+        if self.socket is None:
+            object.__setattr__(self, "socket", default_socket(self.data))
+        require(len(os.fsencode(self.socket)) < 100, "socket", f"{self.socket!r} is too long for a Unix socket",
+                "pass a shorter --socket path")
+
+    @property
+    def sample_bytes(self) -> int:
+        itemsize = 4 if self.wire_dtype == "float32" else 1
+        return self.image_size * self.image_size * 3 * itemsize
+
+    @property
+    def slots(self) -> int:
+        return self.memory // self.sample_bytes
+
+    def slots_problem(self) -> str | None:
+        """Why the budget cannot hold even one consumer's batches, or None."""
+        need = 3 * self.batch_size * (1 + self.ahead)
+        if self.slots < need:
+            return (f"{self.memory} bytes hold {self.slots} samples of {self.sample_bytes} bytes; one consumer "
+                    f"needs at least {need} (3 x batch_size x (1 + ahead))")
+        return None
+
+    def hello(self) -> dict:
+        return {name: getattr(self, name) for name in MATCHED}
+
+
+def differences(server: dict, asked: dict) -> list[str]:
+    """What a consumer's hello asks for that the server does not make, one phrase each."""
+    out = []
+    if asked.get("digest") not in (None, server["digest"]):
+        out.append(f"dataset: the server serves {server['data']} (digest {server['digest']}), not "
+                   f"{asked.get('data')} (digest {asked['digest']})")
+    for name in MATCHED:
+        if asked.get(name) is not None and asked[name] != server[name]:
+            out.append(f"{name}: the server makes {server[name]!r}, not {asked[name]!r}")
+    return out
+
+
+def send(sock: socket.socket, message: dict) -> None:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    sock.sendall(HEADER.pack(len(body)) + body)
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(n - got)
+        if not chunk:
+            raise EOFError("the other end closed the socket")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def recv(sock: socket.socket) -> dict:
+    """The next message; EOFError where the other end is gone, socket.timeout where it is silent."""
+    (n,) = HEADER.unpack(_exactly(sock, HEADER.size))
+    if n > MAX_MESSAGE:
+        raise EOFError(f"a message of {n} bytes: not an enspipe peer")
+    return json.loads(_exactly(sock, n))
+
+
+def live_server(path: str, timeout: float = 2.0) -> bool:
+    """Whether a server answers on the socket ``path`` (a connection is accepted)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

@@ -1,0 +1,27 @@
+"""One attached consumer, as a search's trial would be: ``python tests/attach_consumer.py SOCKET
+DATA EPOCHS SECONDS_PER_BATCH OUT.json [NAME]``; writes its epochs' ledger to OUT.json (or,
+where the server ends, the error)."""
+import json
+import sys
+import time
+
+import enspipe
+from enspipe.serve.wire import ServerGone
+
+sock, data, epochs, pause, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+stream = enspipe.attach(sock, data=data, name=sys.argv[6] if len(sys.argv) > 6 else None, timeout=20)
+t0 = time.monotonic()
+try:
+    for e in range(epochs):
+        for images, labels in stream:
+            assert len(images) == len(labels) and not images.flags.writeable
+            time.sleep(pause)
+        with open(out + ".progress", "w") as f:
+            f.write(str(e))
+    result = {"epochs": stream.epochs(), "seconds": time.monotonic() - t0}
+except ServerGone as err:
+    result = {"error": str(err), "seconds": time.monotonic() - t0}
+result["consumer"] = stream.consumer
+stream.close()
+with open(out, "w") as f:
+    json.dump(result, f)

@@ -1,0 +1,188 @@
+"""The attach server (``enspipe serve``) and its consumers (``enspipe.attach``), as real processes:
+exact epochs per consumer, sharing among staggered ones, the status, and the faults: a consumer
+killed with SIGKILL, a server that dies, a consumer that asks for another stream, a socket in use
+or stale, a budget too small."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import enspipe
+
+HERE = os.path.dirname(__file__)
+CONSUMER = os.path.join(HERE, "attach_consumer.py")
+
+
+def _wait_for(predicate, timeout=30.0, what="it"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"waited {timeout} s for {what}")
+
+
+class ServerProcess:
+    def __init__(self, tmp_path, data, *extra, batch=8, memory="8MB"):
+        self.sock = str(tmp_path / "s.sock")
+        self.log = open(tmp_path / "server.log", "w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "enspipe", "serve", "--data", data, "--batch-size",
+                                      str(batch), "--image-size", "32", "--socket", self.sock, "--memory", memory,
+                                      "--workers", "2", "--status-interval", "0.2", *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        from enspipe.serve.wire import live_server
+
+        _wait_for(lambda: self.proc.poll() is not None or (os.path.exists(self.sock) and live_server(self.sock)),
+                  what="the server's socket")
+        assert self.proc.poll() is None, self.output()
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def status(self) -> dict:
+        with open(self.sock + ".status.json") as f:
+            return json.load(f)
+
+    def stop(self) -> dict:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+        return self.status()
+
+
+@pytest.fixture
+def server(tmp_path, dataset):
+    s = ServerProcess(tmp_path, dataset)
+    yield s
+    if s.proc.poll() is None:
+        s.proc.kill()
+        s.proc.wait()
+
+
+def _consumer(server, tmp_path, dataset, name, epochs=2, pause=0.0):
+    out = str(tmp_path / f"{name}.json")
+    proc = subprocess.Popen([sys.executable, CONSUMER, server.sock, dataset, str(epochs), str(pause), out, name],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def _result(proc, out):
+    text = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, text
+    with open(out) as f:
+        return json.load(f)
+
+
+def test_staggered_consumers_each_get_exact_epochs_and_share(server, tmp_path, dataset):
+    a = _consumer(server, tmp_path, dataset, "a", epochs=4, pause=0.1)
+    _wait_for(lambda: os.path.exists(a[1] + ".progress"), what="a's first epoch")
+    b = _consumer(server, tmp_path, dataset, "b", epochs=3, pause=0.1)
+    ra, rb = _result(*a), _result(*b)
+    digests = set()
+    for r, n in ((ra, 4), (rb, 3)):
+        assert [e["epoch"] for e in r["epochs"]] == list(range(n))
+        assert all(e["count"] == 50 and e["missing"] == 0 for e in r["epochs"]), r
+        digests |= {e["digest"] for e in r["epochs"]}
+    assert len(digests) == 1  # the same 50 samples in every epoch of both
+    total = server.stop()["total"]
+    assert total["delivered"] == 350
+    assert total["sharing_factor"] > 1.3, total  # b's epochs overlapped a's last two or three
+    assert "stopped" in server.output()
+
+
+def test_a_consumer_killed_with_sigkill_is_let_go_and_the_others_go_on(server, tmp_path, dataset):
+    victim = _consumer(server, tmp_path, dataset, "victim", epochs=50, pause=0.05)
+    other = _consumer(server, tmp_path, dataset, "other", epochs=3, pause=0.02)
+    _wait_for(lambda: len(server.status()["consumers"]) == 2, what="two consumers")
+    victim[0].send_signal(signal.SIGKILL)
+    victim[0].wait()
+    _wait_for(lambda: any(d["name"] == "victim" for d in server.status()["departed"]), timeout=5,
+              what="the server to notice the killed consumer")
+    (gone,) = [d for d in server.status()["departed"] if d["name"] == "victim"]
+    assert gone["how"] == "gone"
+    r = _result(*other)
+    assert len(r["epochs"]) == 3 and all(e["missing"] == 0 for e in r["epochs"])
+    status = server.stop()
+    assert status["memory"]["slots_in_use"] == 0  # nothing held for the dead one
+
+
+def test_a_server_that_dies_ends_the_consumers_iteration_at_once(server, tmp_path, dataset):
+    c = _consumer(server, tmp_path, dataset, "c", epochs=1000, pause=0.01)
+    _wait_for(lambda: os.path.exists(c[1] + ".progress"), what="c's first epoch")
+    killed = time.monotonic()
+    server.proc.send_signal(signal.SIGKILL)
+    text = c[0].communicate(timeout=30)[0]
+    noticed = time.monotonic() - killed
+    assert c[0].returncode == 0, text
+    with open(c[1]) as f:
+        r = json.load(f)
+    assert "has ended" in r["error"] and noticed < 5, (r, noticed)
+
+
+def test_a_consumer_asking_for_another_stream_is_refused_naming_the_difference(server, dataset, tmp_path):
+    import enspipe
+
+    with pytest.raises(enspipe.ConfigError, match="batch_size: the server makes 8, not 16"):
+        enspipe.attach(server.sock, batch_size=16)
+    with pytest.raises(enspipe.ConfigError, match="image_size: the server makes 32, not 224"):
+        enspipe.attach(server.sock, image_size=224)
+    from enspipe.data.synthetic import make_dataset
+
+    other = str(tmp_path / "other")
+    make_dataset(other, 20, seed=9, num_classes=10, images_per_shard=20)
+    with pytest.raises(enspipe.ConfigError, match="dataset: the server serves"):
+        enspipe.attach(server.sock, data=other)
+    with pytest.raises(enspipe.ConfigError, match="no server answers"):
+        enspipe.attach(str(tmp_path / "nobody.sock"))
+    with enspipe.attach(server.sock, data=dataset, batch_size=8, image_size=32) as s:  # the same: welcome
+        images, labels = s.next_batch()
+        assert images.shape == (8, 32, 32, 3) and s.steps_per_epoch == 7
+
+
+def test_bad_serve_options_exit_2_before_any_work(server, tmp_path, dataset):
+    r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--socket", server.sock)
+    assert r.returncode == 2 and "in use by a live server" in r.stderr, r.stderr
+    r = enspipe("serve", "--data", dataset, "--batch-size", 64, "--socket", str(tmp_path / "x.sock"),
+                "--memory", "1MB")
+    assert r.returncode == 2 and "memory" in r.stderr and "one consumer needs at least" in r.stderr, r.stderr
+    r = enspipe("serve", "--data", str(tmp_path / "none"), "--batch-size", 8, "--socket", str(tmp_path / "y.sock"))
+    assert r.returncode == 2 and "no such directory" in r.stderr
+    r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--preprocess", "resnet")
+    assert r.returncode == 2 and "unknown preprocessing" in r.stderr
+
+
+def test_a_stale_socket_is_removed_with_a_message(tmp_path, dataset):
+    import socket as so
+
+    stale = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    stale.bind(str(tmp_path / "s.sock"))
+    stale.close()  # the file stays; nobody listens
+    s = ServerProcess(tmp_path, dataset, "--idle-exit", "0.5")
+    s.proc.wait(30)
+    assert "removed a stale socket" in s.output() and s.proc.returncode == 0
+
+
+def test_memory_stays_within_the_budget_with_a_lagging_consumer(tmp_path, dataset):
+    """A pool of 3 batches per consumer and then some; one consumer ten times slower: the fast one
+    evicts what the slow one waited for, which is made again for it (counted), and both still get
+    exact epochs."""
+    s = ServerProcess(tmp_path, dataset, "--ahead", "0", batch=4, memory=str(32 * 32 * 3 * 28))
+    try:
+        fast = _consumer(s, tmp_path, dataset, "fast", epochs=6, pause=0.0)
+        slow = _consumer(s, tmp_path, dataset, "slow", epochs=1, pause=0.1)
+        peak = 0
+        while fast[0].poll() is None or slow[0].poll() is None:
+            peak = max(peak, s.status()["memory"]["held_bytes"])
+            time.sleep(0.05)
+        for r in (_result(*fast), _result(*slow)):
+            assert r["epochs"] and all(e["missing"] == 0 for e in r["epochs"]), r
+        status = s.stop()
+        assert peak <= status["memory"]["budget_bytes"]
+        assert status["total"]["evictions"] > 0 and status["total"]["preprocessed_again"]["evicted"] > 0, status
+    finally:
+        s.proc.kill()
