@@ -186,3 +186,43 @@ def test_memory_stays_within_the_budget_with_a_lagging_consumer(tmp_path, datase
         assert status["total"]["evictions"] > 0 and status["total"]["preprocessed_again"]["evicted"] > 0, status
     finally:
         s.proc.kill()
+
+
+def test_the_optuna_example_runs_a_search_whose_trials_share_the_server(tmp_path):
+    """examples/optuna_search.py: 6 trials in 3 worker processes on one journal storage, some
+    pruned; every trial's epochs exact, and the server's sharing factor above 1."""
+    pytest.importorskip("optuna", reason="Optuna is not installed here (pip install optuna): the example's test "
+                        "skips")
+    from enspipe.data.synthetic import make_dataset
+
+    data = str(tmp_path / "d240")
+    make_dataset(data, 240, seed=1, num_classes=10, images_per_shard=80)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))  # the example's own server socket, here
+    r = subprocess.run([sys.executable, os.path.join(HERE, "..", "examples", "optuna_search.py"), "--data", data,
+                        "--trials", "6", "--workers", "3", "--epochs", "3"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    trials = [line for line in r.stdout.splitlines() if line.startswith("trial ")]
+    assert len(trials) == 6
+    for line in trials:
+        epochs = int(line.split(" epochs ")[1].split()[0])
+        assert f"(each exactly once: {epochs})" in line, line
+    factor = float(r.stdout.split("sharing factor ")[-1].split()[0])
+    assert "server (stopped)" in r.stdout and factor > 1.2, r.stdout
+
+
+def test_an_attached_stream_as_torch_tensors_and_jax_arrays(server, dataset):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
+    import enspipe
+
+    with enspipe.attach(server.sock) as s:
+        batches = list(s.torch(layout="NCHW"))  # the rest of epoch 0
+        assert len(batches) == 7 and sum(len(labels) for _, labels in batches) == 50
+        images, labels = batches[0]
+        assert images.shape == (8, 3, 32, 32) and labels.dtype == torch.int64
+        try:
+            import jax  # noqa: F401
+        except ImportError:
+            return
+        assert sum(len(labels) for _, labels in s.jax()) == 50  # epoch 1
+        assert [e["missing"] for e in s.epochs()] == [0, 0]

@@ -32,9 +32,12 @@ class ServerGone(RuntimeError):
 def default_socket(data: str) -> str:
     """The socket of the server for a dataset directory, where ``--socket`` is not given: one per
     dataset and user, in ``$XDG_RUNTIME_DIR`` (else the temporary directory)."""
+    import hashlib
+
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    name = os.path.abspath(str(data)).strip("/").replace("/", "_")[-80:]
-    return os.path.join(base, f"enspipe-{os.getuid()}-{name}.sock")
+    where = os.path.abspath(str(data))
+    tag = hashlib.sha1(where.encode()).hexdigest()[:10]
+    return os.path.join(base, f"enspipe-{os.getuid()}-{os.path.basename(where)[:24]}-{tag}.sock")
 
 
 @dataclass(frozen=True)
