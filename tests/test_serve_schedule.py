@@ -100,3 +100,27 @@ def test_a_sample_that_fails_leaves_the_epoch():
     got = {}
     _drive(s, [(0, 2)], got)
     assert sorted(got[0][0]) == sorted(set(range(10)) - {bad})
+
+
+def test_a_consumer_never_takes_the_same_copy_twice_even_where_the_pool_keeps_it():
+    s = Scheduler(40, slots=200, batch=8, seed=0)  # the pool could keep the whole epoch
+    s.attach(0)
+    got = {}
+    _drive(s, [(0, 5 * 3)], got, ahead=0)
+    assert 3 * 40 <= s.made <= 3 * 40 + 8  # each epoch fresh copies (augmentations), and the next batch made
+
+
+def test_staggered_consumers_with_room_to_keep_copies_share_nearly_n_fold():
+    """The benchmark's case: 4 consumers attach a quarter of an epoch apart and train 2 epochs each
+    at the same speed; with a pool that keeps what a late joiner needs, each copy serves nearly all 4."""
+    s = Scheduler(64, slots=256, batch=4, seed=0)
+    got, steps_per_epoch = {}, 16
+    for k in range(4 * steps_per_epoch):  # a round: every consumer attached so far takes one batch
+        if k % (steps_per_epoch // 4) == 0 and len(s.consumers) < 4 and k < steps_per_epoch:
+            s.attach(len(s.consumers))
+        for cid in list(s.consumers):
+            if len(sum(got.get(cid, {}).values(), [])) < 2 * 64:
+                _drive(s, [(cid, 1)], got, ahead=0)
+    for cid in range(4):
+        assert [sorted(got[cid][e]) for e in (0, 1)] == [list(range(64))] * 2
+    assert s.given == 4 * 2 * 64 and s.given / s.made > 3.5, (s.given, s.made)

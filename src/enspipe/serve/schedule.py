@@ -1,24 +1,27 @@
 """Which sample the server preprocesses next, and which consumer takes which: the attach server's
 bookkeeping, free of sockets, threads and pixels (so every rule is tested on its own).
 
-Each attached consumer has its own epochs. In an epoch it needs every sample of the dataset once;
-``need[c]`` marks the samples it still needs. A preprocessed sample sits in one slot of the pool
-(node-shared memory, ``slots`` of them) until every consumer that needed it when it was made, or
-that came to need it while it sat there, has taken it.
+Each attached consumer has its own epochs. In an epoch it needs every sample of the dataset once
+(``need``); a sample it needs is *covered* when one of the pool's slots holds (or is making) a
+preprocessed copy of it that this consumer will take. A slot's copy goes to each consumer at most
+once ever (``served``), so a consumer never sees the same augmented copy in two epochs.
 
 * **What to make** (:meth:`Scheduler.plan`), after Joader's dependent sampling: for a consumer that
-  lacks ready samples, the samples it needs that are neither in the pool nor being made, ranked by
-  how many consumers still need each in their current epochs, ties broken at random. With one
-  consumer every candidate ties, so each epoch is a uniform random permutation.
-* **What to give** (:meth:`Scheduler.take`): a consumer's ready samples in the order they were
-  made, ``batch`` at a time; the last batch of an epoch has what is left. A sample is given to a
-  consumer at most once per epoch (its ``need`` bit is cleared) and at least once (an epoch ends
-  only when no bit is left).
-* **Eviction** (memory is the pool): where no slot is free, the server evicts the sample that the
-  fewest consumers wait for, never one a consumer is copying, one being made, one the asking
-  consumer waits for, or one in the next batch of any consumer. Those that waited for it still
-  need it: when made again for them it is counted as re-preprocessed, reason ``evicted`` (they
-  lagged while the budget was full).
+  lacks ready samples, the samples it needs and has no copy coming of, ranked by how many
+  consumers are in that state for each (``count``), ties broken at random. A new copy covers every
+  consumer that needs the sample and has none coming. With one consumer every candidate ties, so
+  each epoch is a uniform random permutation.
+* **What to give** (:meth:`Scheduler.take`): a consumer's ready copies in the order they were made
+  (those it found in the pool when its epoch began, in random order, first), ``batch`` at a time;
+  an epoch's last batch has what is left. A consumer takes a sample at most once per epoch (its
+  ``need`` bit is cleared) and at least once (an epoch ends only when no bit is left).
+* **Keeping** (memory is the pool): a copy every consumer has taken stays in the pool, *cached*,
+  for consumers that attach or begin an epoch later, until its slot is needed.
+* **Eviction**: where no slot is free, the least recently cached copy goes; where none is cached,
+  the copy the fewest consumers wait for, never one a consumer is copying out, one being made, one
+  the asking consumer waits for, or one in the next batch of any consumer. Those that waited for
+  it still need it: the copy made again for them is counted as re-preprocessed, reason
+  ``evicted`` (they lagged while the budget was full).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ class Consumer:
 
     cid: int
     need: np.ndarray
+    covered: np.ndarray           # needed, with a copy in the pool (or being made) for it
     epoch: int = -1
     left: int = 0                 # samples it still needs this epoch
     delivered: int = 0            # samples taken, over all its epochs
@@ -61,14 +65,14 @@ class Scheduler:
     def __init__(self, num_images: int, slots: int, batch: int, seed: int = 0):
         self.n, self.slots, self.batch = int(num_images), int(slots), int(batch)
         self.rng = np.random.default_rng(seed)
-        self.count = np.zeros(self.n, np.int32)       # consumers that still need each sample this epoch
-        self.present = np.zeros(self.n, bool)          # in the pool, or being made
-        self.dropped = np.zeros(self.n, bool)          # could not be preprocessed: out of every epoch
-        self.slot_of = np.full(self.n, -1, np.int64)
+        self.count = np.zeros(self.n, np.int32)   # consumers that need each sample and have no copy coming
+        self.dropped = np.zeros(self.n, bool)      # could not be preprocessed: out of every epoch
         self.sample_in = np.full(self.slots, -1, np.int64)
-        self.pending: list[set] = [set() for _ in range(self.slots)]  # consumers that will take the slot
-        self.held = np.zeros(self.slots, np.int32)     # consumers copying the slot out
+        self.pending: list[set] = [set() for _ in range(self.slots)]  # consumers that will take the copy
+        self.served: list[set] = [set() for _ in range(self.slots)]   # consumers that took it
+        self.held = np.zeros(self.slots, np.int32)  # consumers copying the slot out
         self.making: set[int] = set()
+        self.cached: collections.OrderedDict = collections.OrderedDict()  # slots nobody waits for, oldest first
         self.free: list[int] = list(range(self.slots - 1, -1, -1))
         self.consumers: dict[int, Consumer] = {}
         self.made = 0
@@ -78,7 +82,7 @@ class Scheduler:
 
     # -- consumers come and go ----------------------------------------------------------------
     def attach(self, cid: int) -> Consumer:
-        c = Consumer(cid, np.zeros(self.n, bool))
+        c = Consumer(cid, np.zeros(self.n, bool), np.zeros(self.n, bool))
         self.consumers[cid] = c
         return c
 
@@ -87,27 +91,37 @@ class Scheduler:
         c = self.consumers.pop(cid, None)
         if c is None:
             return
-        self.count[c.need] -= 1
-        for slot in range(self.slots):
-            self.pending[slot].discard(cid)
+        self.count[c.need & ~c.covered] -= 1
         for slot, k in c.holding.items():
             self.held[slot] -= k
         for slot in range(self.slots):
-            self._maybe_free(slot)
+            if cid in self.pending[slot]:
+                self.pending[slot].discard(cid)
+                self._maybe_cache(slot)
 
     def _new_epoch(self, c: Consumer) -> None:
         c.epoch += 1
         c.need[:] = ~self.dropped
+        c.covered[:] = False
         c.left = int(c.need.sum())
         c.evicted.clear()
         c.ready.clear()
         self.count[c.need] += 1
-        for slot in np.flatnonzero(self.sample_in >= 0).tolist():  # what the pool holds serves it too
-            if c.need[self.sample_in[slot]]:
-                self.pending[slot].add(c.cid)
+        found = [slot for slot in np.flatnonzero(self.sample_in >= 0).tolist() if c.cid not in self.served[slot]]
+        self.rng.shuffle(found)
+        for slot in found:  # copies in the pool that it has not seen serve it too
+            if not c.covered[self.sample_in[slot]]:
+                self._cover(c, slot)
                 if slot not in self.making:
                     c.ready.append(slot)
         c.rollover = False
+
+    def _cover(self, c: Consumer, slot: int) -> None:
+        s = self.sample_in[slot]
+        self.pending[slot].add(c.cid)
+        self.cached.pop(slot, None)
+        c.covered[s] = True
+        self.count[s] -= 1
 
     # -- giving ---------------------------------------------------------------------------------
     def take(self, cid: int) -> Taken | None:
@@ -123,10 +137,11 @@ class Scheduler:
         samples = self.sample_in[slots].tolist()
         for slot, s in zip(slots, samples):
             self.pending[slot].discard(cid)
+            self.served[slot].add(cid)
             self.held[slot] += 1
             c.holding[slot] += 1
-            c.need[s] = False
-            self.count[s] -= 1
+            c.need[s] = c.covered[s] = False
+            self._maybe_cache(slot)
         c.left -= want
         c.delivered += want
         self.given += want
@@ -142,7 +157,6 @@ class Scheduler:
                 if not c.holding[slot]:
                     del c.holding[slot]
                 self.held[slot] -= 1
-                self._maybe_free(slot)
 
     # -- making ---------------------------------------------------------------------------------
     def wanted(self, cid: int, ahead: int) -> int:
@@ -158,7 +172,7 @@ class Scheduler:
         """Up to ``k`` ``(sample, slot)`` to make for the consumer (fewer where the pool is full of
         what others are copying or about to take); each slot is then being made."""
         c = self.consumers[cid]
-        candidates = np.flatnonzero(c.need & ~self.present)
+        candidates = np.flatnonzero(c.need & ~c.covered)
         if k <= 0 or not len(candidates):
             return []
         if len(candidates) > k:  # the most-needed, ties at random
@@ -176,22 +190,24 @@ class Scheduler:
         return jobs
 
     def _place(self, s: int, slot: int) -> None:
-        self.present[s], self.slot_of[s], self.sample_in[slot] = True, slot, s
+        self.sample_in[slot] = s
+        self.pending[slot], self.served[slot] = set(), set()
         self.making.add(slot)
         self.made += 1
-        waiting = {d.cid for d in self.consumers.values() if d.need[s]}
-        self.pending[slot] = waiting
-        if any(s in d.evicted for d in self.consumers.values()):
-            self.again["evicted"] += 1
-            for d in self.consumers.values():
+        again = False
+        for d in self.consumers.values():
+            if d.need[s] and not d.covered[s]:
+                self._cover(d, slot)
+                again |= s in d.evicted
                 d.evicted.discard(s)
+        self.again["evicted"] += again
 
     def made_one(self, slot: int) -> None:
-        """The slot's sample is preprocessed: ready for every consumer waiting for it."""
+        """The slot's copy is preprocessed: ready for every consumer waiting for it."""
         self.making.discard(slot)
         for cid in self.pending[slot]:
             self.consumers[cid].ready.append(slot)
-        self._maybe_free(slot)
+        self._maybe_cache(slot)
 
     def failed_one(self, slot: int) -> int:
         """The slot's sample could not be preprocessed: it leaves every epoch (the server names it).
@@ -201,45 +217,55 @@ class Scheduler:
         self.dropped[s] = True
         for d in self.consumers.values():
             if d.need[s]:
-                d.need[s] = False
+                d.need[s] = d.covered[s] = False
                 d.left -= 1
-                self.count[s] -= 1
+        self.count[s] = 0
         self.pending[slot] = set()
-        self._maybe_free(slot)
+        self.sample_in[slot] = -1
+        self.free.append(slot)
         return s
 
     def _evict(self, asking: Consumer) -> int | None:
-        """A slot freed by evicting the sample the fewest consumers wait for, or None."""
+        """A slot freed by evicting the least recently cached copy, else the copy the fewest
+        consumers wait for; None where every slot is in use."""
+        for slot in self.cached:
+            if not self.held[slot]:
+                del self.cached[slot]
+                self.sample_in[slot] = -1
+                return slot
         protected = set()
         for d in self.consumers.values():
             protected.update(list(d.ready)[: self.batch])
-        best, best_waiting = None, None
+        best, fewest = None, None
         for slot in range(self.slots):
             if slot in self.making or self.held[slot] or asking.cid in self.pending[slot] or slot in protected:
                 continue
-            waiting = len(self.pending[slot])
-            if best is None or waiting < best_waiting:
-                best, best_waiting = slot, waiting
+            if best is None or len(self.pending[slot]) < fewest:
+                best, fewest = slot, len(self.pending[slot])
         if best is None:
             return None
         s = int(self.sample_in[best])
         for cid in self.pending[best]:
             d = self.consumers[cid]
             d.ready.remove(best)
+            d.covered[s] = False
+            self.count[s] += 1
             d.evicted.add(s)
         self.pending[best] = set()
-        self.present[s], self.slot_of[s], self.sample_in[best] = False, -1, -1
+        self.sample_in[best] = -1
         self.evictions += 1
         return best
 
-    def _maybe_free(self, slot: int) -> None:
-        s = int(self.sample_in[slot])
-        if s < 0 or slot in self.making or self.held[slot] or self.pending[slot]:
-            return
-        self.present[s], self.slot_of[s], self.sample_in[slot] = False, -1, -1
-        self.free.append(slot)
+    def _maybe_cache(self, slot: int) -> None:
+        if self.sample_in[slot] >= 0 and slot not in self.making and not self.pending[slot]:
+            self.cached[slot] = None
+            self.cached.move_to_end(slot)
 
     # -- what the status shows ------------------------------------------------------------------
     def in_use(self) -> int:
-        return self.slots - len(self.free)
+        """Slots holding a copy that a consumer waits for, is copying out, or is being made."""
+        return self.slots - len(self.free) - len(self.cached)
 
+    def occupied(self) -> int:
+        """Slots holding a copy (cached ones too)."""
+        return self.slots - len(self.free)

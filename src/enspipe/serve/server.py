@@ -65,8 +65,8 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stopping.set())
         write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="serving"))
-        reporter = threading.Thread(target=self._report, name="enspipe-serve-status", daemon=True)
-        reporter.start()
+        self.reporter = threading.Thread(target=self._report, name="enspipe-serve-status", daemon=True)
+        self.reporter.start()
         self.say(f"serving {self.opts.data} ({self.m.num_images} samples, batch {self.opts.batch_size}, "
                  f"{self.opts.image_size} px {self.opts.preprocess}) on {self.opts.socket}; pool "
                  f"{self.opts.slots} samples ({self.pool.bytes / 2**20:.0f} MiB)")
@@ -97,6 +97,7 @@ class Server:
             self.cond.notify_all()
         self.status.close_connections()
         self.workers.shutdown(wait=True, cancel_futures=True)
+        self.reporter.join()  # its last write done: the final status is the last word
         write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="stopped"))
         self.pool.close(unlink=True)
         self.say("stopped; " + self.status.totals_line())

@@ -87,8 +87,10 @@ class Status:
         return {"state": state, "pid": os.getpid(), "socket": self.opts.socket, "data": str(self.opts.data),
                 "num_images": self.sched.n, "batch_size": self.opts.batch_size,
                 "memory": {"budget_bytes": self.opts.memory, "pool_bytes": self.pool_bytes,
-                           "held_bytes": self.sched.in_use() * self.opts.sample_bytes,
-                           "slots": self.sched.slots, "slots_in_use": self.sched.in_use()},
+                           "held_bytes": self.sched.occupied() * self.opts.sample_bytes,
+                           "cached_bytes": (self.sched.occupied() - self.sched.in_use()) * self.opts.sample_bytes,
+                           "slots": self.sched.slots, "slots_in_use": self.sched.in_use(),
+                           "slots_cached": self.sched.occupied() - self.sched.in_use()},
                 "consumers": consumers, "departed": self.departed[-50:], "window": window, "total": total}
 
     def totals_line(self) -> str:
