@@ -238,13 +238,14 @@ def run_arms(a, step_ms: float, epoch_s: float) -> list[tuple[str, object]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--images", type=int, default=384)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--memory", default="64MB", help="the server's pool (and the service worker's cache)")
+    p.add_argument("--arms", default="", help="comma-separated arms to run (default: all; alone always runs)")
     a = p.parse_args()
     from enspipe.data.synthetic import make_dataset
 
@@ -257,7 +258,7 @@ def main() -> None:
         epoch_s = a.images / (0.5 * full)
         print(f"one consumer at full speed: {full:.0f} images/s; emulated step {step_ms:.1f} ms per batch of "
               f"{a.batch}; an epoch about {epoch_s:.2f} s; {os.cpu_count()} cores", flush=True)
-        arms = run_arms(a, step_ms, epoch_s)
+        arms = [(n, f) for n, f in run_arms(a, step_ms, epoch_s) if not a.arms or n in {"alone", *a.arms.split(",")}]
         got: dict[str, list[dict]] = {name: [] for name, _ in arms}
         for _, (name, fn) in schedule(arms, a.repeats):
             with tempfile.TemporaryDirectory() as t:
@@ -284,15 +285,17 @@ def report(got: dict) -> None:
         exact = ("yes" if all(r["exact"] for r in rows) else "no") if "exact" in rows[0] else "-"
         print(f"| {name} | {cell} | {sharing} | {again} | {spread([r['cpu_ms'] for r in rows], digits=2)} | "
               f"{misses} | {exact} |")
-    ratio = [t["cpu_ms"] / s["cpu_ms"] for t, s in zip(got["together"], got["shared_stream"])]
-    print(f"\nattach handoff: CPU per delivered image {spread(ratio, digits=3)}x SharedStream's at n = 4 "
-          "(goal: at most 1.05x)")
-    print(f"staggered: sharing factor {spread([r['sharing'] for r in got['staggered']], digits=2)} (goal >= 3.5, "
-          "ideal 4); each consumer's images/s at least 0.9x alone's (goal)")
+    if "together" in got and "shared_stream" in got:
+        ratio = [t["cpu_ms"] / s["cpu_ms"] for t, s in zip(got["together"], got["shared_stream"])]
+        print(f"\nattach handoff: CPU per delivered image {spread(ratio, digits=3)}x SharedStream's at n = 4 "
+              "(goal: at most 1.05x)")
+    if "staggered" in got:
+        print(f"staggered: sharing factor {spread([r['sharing'] for r in got['staggered']], digits=2)} (goal >= 3.5, "
+              "ideal 4); each consumer's images/s at least 0.9x alone's (goal)")
 
 
 if __name__ == "__main__":
-    q = argparse.ArgumentParser()
+    q = argparse.ArgumentParser(allow_abbrev=False)
     for flag in ("--consumer", "--member", "--service-host", "--trainer"):
         q.add_argument(flag, action="store_true")
     for name, kind in (("--sock", str), ("--start-at", float), ("--step-ms", float), ("--epochs", int), ("--out", str),

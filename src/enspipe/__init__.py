@@ -21,6 +21,7 @@ The public names (imported on first use, so ``import enspipe`` stays cheap):
 * :func:`validation_set`: a small dataset in memory, preprocessed for evaluation;
 * :func:`attach`: a stream from this node's attach server (``enspipe serve``), for a process
   that comes and goes on its own (a search's trial): its own exactly-once epochs;
+* :class:`ServerGone`: the attach server ended (or stopped answering) under an attached stream;
 * :class:`ConfigError`: a bad option or input, naming the field and the fix;
 * :class:`DataError`: the data broke its manifest (a corrupt record, a lost sample).
 """
@@ -29,10 +30,12 @@ import os as _os
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # rank 0 alone talks to the terminal, and briefly
 
 __version__ = "0.1.0"
-__all__ = ["SharedStream", "StreamConfig", "attach", "validation_set", "ConfigError", "DataError", "__version__"]
+__all__ = ["SharedStream", "StreamConfig", "attach", "ServerGone", "validation_set", "ConfigError", "DataError",
+           "__version__"]
 
 _PUBLIC = {"SharedStream": "enspipe.api.stream", "StreamConfig": "enspipe.plan.stream",
            "validation_set": "enspipe.api.validation", "attach": "enspipe.api.attach",
+           "ServerGone": "enspipe.serve.wire",
            "ConfigError": "enspipe.plan.errors", "DataError": "enspipe.data.manifest"}
 
 

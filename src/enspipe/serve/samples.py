@@ -33,21 +33,23 @@ class SampleSource:
         self.parser = None if self.folders else resolve(record_format(m))
         self.paths = m.paths()
         self.labels = np.asarray(m.labels, np.int64) if self.folders else None
+        self.shard_of = np.searchsorted(self.first, np.arange(m.num_images), side="right") - 1
+        records = np.arange(m.num_images) - self.first[self.shard_of]
+        self.keys = self.names[self.shard_of] if self.folders else self.names[self.shard_of] + records.astype(str)
+        self.ids = sample_ids(list(self.keys)) if m.num_images else np.zeros(0, np.int64)  # once, not per sample
         self._local = threading.local()
 
     def read(self, s: int) -> tuple[bytes, int, int, str]:
-        shard = int(np.searchsorted(self.first, s, side="right") - 1)
+        shard, key = int(self.shard_of[s]), str(self.keys[s])
         if self.folders:
-            key = str(self.names[shard])
             encoded, label = read_file(self.paths[shard], key.encode(), False), int(self.labels[shard])
         else:
             record = s - int(self.first[shard])
-            key = f"{self.names[shard]}{record}"
             reader = getattr(self._local, "reader", None)
             if reader is None:
                 reader = self._local.reader = RecordReader(self.m, False)
             encoded, label = self.parser.fn(reader.read(shard, record), key.encode())
-        return encoded, int(label), int(sample_ids([key])[0]), key
+        return encoded, int(label), int(self.ids[s]), key
 
 
 class Pool:

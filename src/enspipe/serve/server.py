@@ -29,6 +29,7 @@ from enspipe.serve.schedule import Scheduler
 from enspipe.serve.status import Status
 
 HELLO_TIMEOUT_S = 10.0
+CHUNK = 4  # samples per preprocessing task
 
 
 def status_path(sock: str) -> str:
@@ -47,7 +48,7 @@ class Server:
         self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)
         self.cond = threading.Condition()
         self.source = SampleSource(manifest)
-        self.workers = ThreadPoolExecutor(opts.workers or os.cpu_count() or 1, thread_name_prefix="enspipe-serve")
+        self.workers = ThreadPoolExecutor(opts.workers or len(os.sched_getaffinity(0)), thread_name_prefix="enspipe-serve")
         self.positions = itertools.count()
         self.ids = itertools.count()
         self.stopping = threading.Event()
@@ -128,7 +129,7 @@ class Server:
                     wire.send(conn, self._next(cid))
                 elif msg["op"] == "bye":
                     break
-        except (EOFError, OSError, ValueError) as e:
+        except (EOFError, OSError, ValueError, KeyError, TypeError) as e:  # gone, or not an enspipe consumer
             why = "gone" if cid is not None else f"no hello ({type(e).__name__})"
         finally:
             self._leave(conn, cid, why)
@@ -181,28 +182,36 @@ class Server:
 
     # -- making ---------------------------------------------------------------------------------
     def _make_for(self, cid: int) -> None:
-        """Queue what the consumer lacks (under the lock)."""
-        for s, slot in self.sched.plan(cid, self.sched.wanted(cid, self.opts.ahead)):
-            self.workers.submit(self._make, s, slot, next(self.positions))
+        """Queue what the consumer lacks (under the lock), in chunks: one lock and one wake-up of
+        the waiting consumers per chunk, not per sample."""
+        jobs = self.sched.plan(cid, self.sched.wanted(cid, self.opts.ahead))
+        for i in range(0, len(jobs), CHUNK):
+            self.workers.submit(self._make, [(s, slot, next(self.positions)) for s, slot in jobs[i:i + CHUNK]])
 
-    def _make(self, s: int, slot: int, position: int) -> None:
-        try:
-            image, label, sid = make_sample(self.source, self.opts, s, position)
-            self.pool.images[slot] = image
-            self.pool.meta[slot] = (sid, label)
-        except (DataError, OSError) as e:
-            with self.cond:
-                self.sched.failed_one(slot)
-                self.status.failed(str(e))
-                self.cond.notify_all()
-            self.say(f"left out of every epoch: {e}")
-            return
-        except BaseException as e:  # noqa: BLE001 - a bug: say it and stop serving rather than hang everyone
-            self.say(f"error: preprocessing sample {s} failed: {type(e).__name__}: {e}; stopping")
-            self.stopping.set()
-            with self.cond:
-                self.cond.notify_all()
-            return
+    def _make(self, chunk: list) -> None:
+        done, failed = [], []
+        for s, slot, position in chunk:
+            if self.stopping.is_set():
+                return
+            try:
+                image, label, sid = make_sample(self.source, self.opts, s, position)
+                self.pool.images[slot] = image
+                self.pool.meta[slot] = (sid, label)
+                done.append(slot)
+            except (DataError, OSError) as e:
+                failed.append((slot, str(e)))
+            except BaseException as e:  # noqa: BLE001 - a bug: say it and stop serving rather than hang everyone
+                self.say(f"error: preprocessing sample {s} failed: {type(e).__name__}: {e}; stopping")
+                self.stopping.set()
+                with self.cond:
+                    self.cond.notify_all()
+                return
         with self.cond:
-            self.sched.made_one(slot)
+            for slot in done:
+                self.sched.made_one(slot)
+            for slot, problem in failed:
+                self.sched.failed_one(slot)
+                self.status.failed(problem)
             self.cond.notify_all()
+        for _, problem in failed:
+            self.say(f"left out of every epoch: {problem}")

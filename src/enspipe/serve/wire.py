@@ -26,7 +26,17 @@ MATCHED = ("batch_size", "image_size", "preprocess", "wire_dtype", "seed")
 
 
 class ServerGone(RuntimeError):
-    """The attach server ended (or stopped answering) while a consumer read from it."""
+    """The attach server ended (or stopped answering) while a consumer read from it: raised by the
+    attached stream's iteration as soon as the server's socket closes, or after ``timeout``.
+
+    Example::
+
+        try:
+            for images, labels in stream:
+                ...
+        except enspipe.ServerGone as e:
+            print(f"no more batches: {e}")   # restart the server, then attach again
+    """
 
 
 def default_socket(data: str) -> str:
