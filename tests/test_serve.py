@@ -173,8 +173,9 @@ def test_memory_stays_within_the_budget_with_a_lagging_consumer(tmp_path, datase
     exact epochs."""
     s = ServerProcess(tmp_path, dataset, "--ahead", "0", batch=4, memory=str(32 * 32 * 3 * 28))
     try:
-        fast = _consumer(s, tmp_path, dataset, "fast", epochs=6, pause=0.0)
-        slow = _consumer(s, tmp_path, dataset, "slow", epochs=1, pause=0.1)
+        slow = _consumer(s, tmp_path, dataset, "slow", epochs=1, pause=0.2)
+        _wait_for(lambda: any(c["name"] == "slow" for c in s.status()["consumers"]), what="the slow one attached")
+        fast = _consumer(s, tmp_path, dataset, "fast", epochs=6, pause=0.0)  # it laps the slow one
         peak = 0
         while fast[0].poll() is None or slow[0].poll() is None:
             peak = max(peak, s.status()["memory"]["held_bytes"])

@@ -59,13 +59,14 @@ class Server:
     def serve(self) -> None:
         """Listen on the socket until SIGTERM or SIGINT (or, with ``idle_exit``, until no consumer
         has been attached for that long); then end every consumer's iteration and clean up."""
+        # the status exists before the socket answers: whoever sees a live server can read it
+        write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="serving"))
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.opts.socket)
         listener.listen(64)
         listener.settimeout(0.2)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stopping.set())
-        write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="serving"))
         self.reporter = threading.Thread(target=self._report, name="enspipe-serve-status", daemon=True)
         self.reporter.start()
         self.say(f"serving {self.opts.data} ({self.m.num_images} samples, batch {self.opts.batch_size}, "
