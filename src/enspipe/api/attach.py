@@ -92,7 +92,7 @@ class AttachedStream:
         self.info, self.consumer = info, info["consumer"]
         self._pool = Pool.open(info["pool"], info["slots"], tuple(info["shape"]), np.dtype(info["dtype"]))
         self._ledger = EpochLedger(info["num_images"])
-        self._closed, self._end = False, False
+        self._closed = False
         atexit.register(self.close)
 
     # -- what a training script reads -----------------------------------------------------------
@@ -130,8 +130,7 @@ class AttachedStream:
 
     def __iter__(self):
         """The rest of this consumer's epoch, as ``(images, labels)``."""
-        for images, labels in self._batches(writable=False):
-            yield images, labels
+        return self._batches(writable=False)
 
     def _batches(self, writable: bool):
         while True:
@@ -157,17 +156,14 @@ class AttachedStream:
     def dataset(self):
         """The stream as an endless ``tf.data.Dataset`` of ``(images, labels)``: pass
         ``steps_per_epoch=stream.steps_per_epoch`` to ``model.fit``."""
-        import tensorflow as tf
-
-        shape, dtype = self.element_spec
+        from enspipe.api.frameworks import tf_dataset
 
         def batches():
             while not self._closed:
                 images, meta, _ = self._next()
                 yield images, meta[:, 1]
 
-        return tf.data.Dataset.from_generator(batches, output_signature=(
-            tf.TensorSpec((None, *shape), tf.as_dtype(dtype)), tf.TensorSpec((None,), tf.int64)))
+        return tf_dataset(batches, *self.element_spec)  # an epoch's last batch may be smaller
 
     def epochs(self) -> list[dict]:
         """The epochs this consumer has completed: per epoch its ``count`` of samples, their

@@ -17,6 +17,15 @@ import numpy as np
 LAYOUTS = ("NHWC", "NCHW", "channels_last")
 
 
+def tf_dataset(batches, shape: tuple, dtype, batch: int | None = None):
+    """``batches()`` (a generator function of ``(images, labels)`` numpy batches) as a
+    ``tf.data.Dataset``; ``batch``: the batch dimension where every batch has it (None: it varies)."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_generator(batches, output_signature=(
+        tf.TensorSpec((batch, *shape), tf.as_dtype(dtype)), tf.TensorSpec((batch,), tf.int64)))
+
+
 def require_framework(name: str, extra: str):
     """The framework's module, or ImportError saying what to install."""
     try:

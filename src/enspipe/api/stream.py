@@ -177,10 +177,7 @@ class SharedStream:
     def dataset(self):
         """The stream as an endless ``tf.data.Dataset`` of ``(images, labels)`` batches: pass
         ``steps_per_epoch=stream.steps_per_epoch`` to ``model.fit``."""
-        import tensorflow as tf
-
-        shape, dtype = self.element_spec
-        b = self.config.batch_size
+        from enspipe.api.frameworks import tf_dataset
 
         def batches():
             while True:
@@ -190,8 +187,7 @@ class SharedStream:
                     return
                 yield images, meta[:, 3]
 
-        return tf.data.Dataset.from_generator(batches, output_signature=(
-            tf.TensorSpec((b, *shape), tf.as_dtype(dtype)), tf.TensorSpec((b,), tf.int64)))
+        return tf_dataset(batches, *self.element_spec, batch=self.config.batch_size)
 
     def epochs(self) -> list[dict]:
         """The epochs this member has completed: per epoch its ``count`` of samples, their

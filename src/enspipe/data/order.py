@@ -173,14 +173,18 @@ class NumpyOrder:
         for e in np.unique(epochs):
             at_e = epochs == e
             numbers[at_e] = self.epoch(int(e))[index[at_e]]
+        return {"epoch": epochs.astype(np.int64), "position": positions.astype(np.int64), **self.samples(numbers)}
+
+    def samples(self, numbers: np.ndarray) -> dict:
+        """The samples numbered ``numbers`` (counted across shards): ``key``, ``shard`` (the file,
+        for folders) and ``record`` (-1 for folders)."""
         shard = np.searchsorted(self.first, numbers, side="right") - 1
         record = numbers - self.first[shard]
         if self.folders:
             keys, record = self.names[shard], np.full(len(numbers), -1, np.int64)
         else:
             keys = self.names[shard] + record.astype(str).astype(object)
-        return {"epoch": epochs.astype(np.int64), "position": positions.astype(np.int64),
-                "key": np.array([k.encode() for k in keys], dtype=object), "shard": shard, "record": record}
+        return {"key": np.array([k.encode() for k in keys], dtype=object), "shard": shard, "record": record}
 
 
 def read_file(path: str, key: bytes, skip_corrupt: bool) -> bytes:

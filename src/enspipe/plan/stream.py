@@ -173,28 +173,13 @@ class StreamConfig:
         the latter a built-in's name or a :class:`~enspipe.data.preprocessing.UserPreprocess`;
         raises :class:`ConfigError` naming the culprit. Collective-free: every rank reaches the
         same verdict."""
-        from enspipe.data.manifest import DataError
-        from enspipe.data.build import load_manifest
-        from enspipe.data.manifest import verify_digest
-
         if not os.path.isdir(self.data):
             raise ConfigError("data", f"{self.data}: no such directory", "pass a dataset directory")
         for name in ("calibration", "plan_comm"):
             path = getattr(self, name)
             require(path is None or os.path.isfile(path), name, f"{path!r} is not a file",
                     "pass the workflow's rates.json (calibration) or enspipe calibrate-comm's comm.json (plan_comm)")
-        try:
-            manifest = load_manifest(str(self.data))
-            problem = verify_digest(manifest)
-        except DataError as e:
-            raise ConfigError("data", str(e), "re-create the dataset, or re-index it with `enspipe index`") from None
-        if problem:
-            raise ConfigError("data", problem, "re-create the dataset, or re-index it with `enspipe index`")
-        from enspipe.data.parse import format_problem
-
-        problem = format_problem(manifest)
-        if problem:
-            raise ConfigError("data", problem, "fix the parse function, or re-index with `enspipe index --parse`")
+        manifest = checked_manifest(str(self.data))
         problem = decode_cache_problem(self.decode_cache)
         require(problem is None, "decode_cache", f"{problem}", "pass a smaller budget, or 0 (off)")
         if not self.user_preprocess:
@@ -205,6 +190,26 @@ class StreamConfig:
             return manifest, probe_preprocess(self.preprocess, manifest, self.seed)
         except PreprocessError as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
+
+
+def checked_manifest(data: str):
+    """The manifest of the dataset directory ``data``, checked against its files (the digest) and
+    its record format's parse function; a problem raises :class:`ConfigError` naming the fix."""
+    from enspipe.data.build import load_manifest
+    from enspipe.data.manifest import DataError, verify_digest
+    from enspipe.data.parse import format_problem
+
+    try:
+        manifest = load_manifest(data)
+        problem = verify_digest(manifest)
+    except DataError as e:
+        raise ConfigError("data", str(e), "re-create the dataset, or re-index it with `enspipe index`") from None
+    if problem:
+        raise ConfigError("data", problem, "re-create the dataset, or re-index it with `enspipe index`")
+    problem = format_problem(manifest)
+    if problem:
+        raise ConfigError("data", problem, "fix the parse function, or re-index with `enspipe index --parse`")
+    return manifest
 
 
 def decode_cache_problem(budget: int) -> str | None:

@@ -10,19 +10,14 @@ from enspipe.serve.wire import ServeOptions, live_server
 
 
 def load_dataset(data: str):
-    """The dataset's manifest, checked as :class:`~enspipe.StreamConfig` checks it."""
-    from enspipe.data.build import load_manifest
-    from enspipe.data.manifest import DataError, verify_digest
+    """The dataset's manifest, checked as :class:`~enspipe.StreamConfig` checks it, and indexed
+    (the server reads records by their number)."""
     from enspipe.data.records import indexed
+    from enspipe.plan.stream import checked_manifest
 
     if not os.path.isdir(data):
         raise ConfigError("data", f"{data}: no such directory", "pass a dataset directory")
-    try:
-        m = load_manifest(str(data))
-        problem = verify_digest(m)
-    except DataError as e:
-        raise ConfigError("data", str(e), "re-create the dataset, or re-index it with `enspipe index`") from None
-    require(problem is None, "data", f"{problem}", "re-create the dataset, or re-index it with `enspipe index`")
+    m = checked_manifest(str(data))
     require(m.kind == "jpeg_folders" or indexed(m), "data", f"{data}: the manifest does not count every shard's "
             "records", f"index it once with `enspipe index --data {data}`")
     require(m.num_images > 0, "data", f"{data}: no samples", "pass a dataset with images")

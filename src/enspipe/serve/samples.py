@@ -27,29 +27,25 @@ class SampleSource:
         from enspipe.data.parse import resolve
         from enspipe.data.records import record_format
 
-        order = NumpyOrder(m, 0, 0)
-        self.m, self.folders = m, order.folders
-        self.first, self.names = order.first, order.names
+        self.m, self.folders = m, m.kind == "jpeg_folders"
         self.parser = None if self.folders else resolve(record_format(m))
         self.paths = m.paths()
         self.labels = np.asarray(m.labels, np.int64) if self.folders else None
-        self.shard_of = np.searchsorted(self.first, np.arange(m.num_images), side="right") - 1
-        records = np.arange(m.num_images) - self.first[self.shard_of]
-        self.keys = self.names[self.shard_of] if self.folders else self.names[self.shard_of] + records.astype(str)
-        self.ids = sample_ids(list(self.keys)) if m.num_images else np.zeros(0, np.int64)  # once, not per sample
+        rows = NumpyOrder(m, 0, 0).samples(np.arange(m.num_images))
+        self.keys, self.shard_of, self.record_of = rows["key"], rows["shard"], rows["record"]
+        self.ids = sample_ids(self.keys) if m.num_images else np.zeros(0, np.int64)  # once, not per sample
         self._local = threading.local()
 
     def read(self, s: int) -> tuple[bytes, int, int, str]:
-        shard, key = int(self.shard_of[s]), str(self.keys[s])
+        shard, key = int(self.shard_of[s]), self.keys[s]
         if self.folders:
-            encoded, label = read_file(self.paths[shard], key.encode(), False), int(self.labels[shard])
+            encoded, label = read_file(self.paths[shard], key, False), int(self.labels[shard])
         else:
-            record = s - int(self.first[shard])
             reader = getattr(self._local, "reader", None)
             if reader is None:
                 reader = self._local.reader = RecordReader(self.m, False)
-            encoded, label = self.parser.fn(reader.read(shard, record), key.encode())
-        return encoded, int(label), int(self.ids[s]), key
+            encoded, label = self.parser.fn(reader.read(shard, int(self.record_of[s])), key)
+        return encoded, int(label), int(self.ids[s]), key.decode()
 
 
 class Pool:
@@ -73,7 +69,9 @@ class Pool:
 
     @classmethod
     def create(cls, slots: int, shape: tuple, dtype) -> "Pool":
-        reap_pools()
+        from enspipe.exchange.shm import reap_orphans
+
+        reap_orphans(SHM_DIR, POOL_PREFIX)  # pools of servers killed with SIGKILL that nobody maps
         return cls(os.path.join(SHM_DIR, f"{POOL_PREFIX}{os.getpid()}"), slots, shape, dtype, create=True)
 
     @classmethod
@@ -99,24 +97,6 @@ class Pool:
                 os.remove(self.path)
             except FileNotFoundError:
                 pass
-
-
-def reap_pools() -> int:
-    """Remove pools whose server is gone (killed with SIGKILL, it never removed its own)."""
-    gone = 0
-    try:
-        names = [n for n in os.listdir(SHM_DIR) if n.startswith(POOL_PREFIX)]
-    except OSError:
-        return 0
-    for name in names:
-        pid = name[len(POOL_PREFIX):]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            try:
-                os.remove(os.path.join(SHM_DIR, name))
-                gone += 1
-            except OSError:
-                pass
-    return gone
 
 
 def make_sample(source: SampleSource, opts, s: int, position: int) -> tuple[np.ndarray, int, int]:
