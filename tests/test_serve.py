@@ -13,46 +13,7 @@ import pytest
 
 from conftest import enspipe
 
-HERE = os.path.dirname(__file__)
-CONSUMER = os.path.join(HERE, "attach_consumer.py")
-
-
-def _wait_for(predicate, timeout=30.0, what="it"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"waited {timeout} s for {what}")
-
-
-class ServerProcess:
-    def __init__(self, tmp_path, data, *extra, batch=8, memory="8MB"):
-        self.sock = str(tmp_path / "s.sock")
-        self.log = open(tmp_path / "server.log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "enspipe", "serve", "--data", data, "--batch-size",
-                                      str(batch), "--image-size", "32", "--socket", self.sock, "--memory", memory,
-                                      "--workers", "2", "--status-interval", "0.2", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        from enspipe.serve.wire import live_server
-
-        _wait_for(lambda: self.proc.poll() is not None or (os.path.exists(self.sock) and live_server(self.sock)),
-                  what="the server's socket")
-        assert self.proc.poll() is None, self.output()
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def status(self) -> dict:
-        with open(self.sock + ".status.json") as f:
-            return json.load(f)
-
-    def stop(self) -> dict:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(30)
-        return self.status()
+from serve_helpers import HERE, ServerProcess, _consumer, _result, _wait_for
 
 
 @pytest.fixture
@@ -62,20 +23,6 @@ def server(tmp_path, dataset):
     if s.proc.poll() is None:
         s.proc.kill()
         s.proc.wait()
-
-
-def _consumer(server, tmp_path, dataset, name, epochs=2, pause=0.0):
-    out = str(tmp_path / f"{name}.json")
-    proc = subprocess.Popen([sys.executable, CONSUMER, server.sock, dataset, str(epochs), str(pause), out, name],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, out
-
-
-def _result(proc, out):
-    text = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, text
-    with open(out) as f:
-        return json.load(f)
 
 
 def test_staggered_consumers_each_get_exact_epochs_and_share(server, tmp_path, dataset):

@@ -124,3 +124,32 @@ def test_staggered_consumers_with_room_to_keep_copies_share_nearly_n_fold():
     for cid in range(4):
         assert [sorted(got[cid][e]) for e in (0, 1)] == [list(range(64))] * 2
     assert s.given == 4 * 2 * 64 and s.given / s.made > 3.5, (s.given, s.made)
+
+
+def test_a_copy_made_by_another_rank_is_adopted_only_where_needed_and_room_is_spare():
+    s = Scheduler(20, slots=10, batch=2, seed=0)
+    assert s.adopt(3, reserve=0) is None  # no consumer: nobody needs it
+    s.attach(0)
+    s.wanted(0, 0)  # epoch 0 begins: it needs all 20
+    slot = s.adopt(3, reserve=0)
+    assert slot is not None and slot in s.making and s.count[3] == 0
+    assert s.adopt(3, reserve=0) is None  # a copy is coming: not twice
+    assert s.adopt(4, reserve=len(s.free)) is None  # only spare room, and nothing cached to let go
+    s.made_one(slot)
+    t = s.take(0)
+    assert t is None  # one ready, a batch is 2
+    for _, made in s.plan(0, s.wanted(0, 0)):
+        s.made_one(made)
+    t = s.take(0)
+    assert 3 in t.samples or 3 in s.sample_in[list(s.consumers[0].ready)]
+
+
+def test_a_sample_that_failed_on_another_rank_leaves_every_epoch():
+    s = Scheduler(6, slots=12, batch=2, seed=0)
+    s.attach(0)
+    s.wanted(0, 0)  # epoch 0 begins, nothing made yet
+    s.drop(5)
+    got = {}
+    _drive(s, [(0, 6)], got)
+    assert all(5 not in samples for samples in got[0].values())
+    assert all(sorted(got[0][e]) == [0, 1, 2, 3, 4] for e in got[0] if len(got[0][e]) == 5) and len(got[0]) > 1

@@ -21,7 +21,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=positive_int, help="preprocessing threads (default: this host's cores)")
     p.add_argument("--socket", help="the server's Unix socket (default: one per dataset and user in "
-                   "$XDG_RUNTIME_DIR or the temporary directory; enspipe.attach(DATA) finds it)")
+                   "$XDG_RUNTIME_DIR or the temporary directory; enspipe.attach(DATA) finds it); under mpiexec "
+                   "or srun, {rank} in it is the rank's number")
     p.add_argument("--memory", default="1GB", help="the pool's budget: every preprocessed sample held counts")
     p.add_argument("--ahead", type=int, default=2, help="batches made ahead for each consumer")
     p.add_argument("--status-interval", type=float, default=2.0, help="seconds between status updates (each a "
@@ -42,19 +43,48 @@ def _serve(a: argparse.Namespace, fail: Fail) -> int:
         return _print_status(a.socket or default_socket(a.data), fail)
     if a.data is None or a.batch_size is None:
         fail("--data and --batch-size are required to serve")
+    from enspipe.common.host import launched
+
+    rank, ranks = launched() or (0, 1)
     try:
         opts = ServeOptions(data=a.data, batch_size=a.batch_size, image_size=a.image_size, preprocess=a.preprocess,
                             wire_dtype=a.wire_dtype, fast_mode=a.fast_mode, seed=a.seed, workers=a.workers,
-                            socket=a.socket, memory=a.memory, ahead=a.ahead, status_interval=a.status_interval)
+                            socket=a.socket.replace("{rank}", str(rank)) if a.socket else None, memory=a.memory,
+                            ahead=a.ahead, status_interval=a.status_interval)
         from enspipe.serve.checks import prepare
 
         manifest = prepare(opts, say)
     except ConfigError as e:
         fail(str(e))
+    comm = _ranks_agree(opts, manifest, fail) if ranks > 1 else None
     from enspipe.serve.server import Server
 
-    Server(opts, manifest, say=say, idle_exit=a.idle_exit).serve()
+    Server(opts, manifest, say=say, idle_exit=a.idle_exit, comm=comm).serve()
     return 0
+
+
+def _ranks_agree(opts, manifest, fail: Fail):
+    """MPI_Init for a server of several ranks, then every rank's checks of the others before any
+    work: one dataset (by digest), and no two ranks on one machine on one socket."""
+    from mpi4py import MPI
+
+    from enspipe.common.host import boot_id
+
+    comm = MPI.COMM_WORLD
+    mine = (boot_id(), os.path.abspath(opts.socket), manifest.digest, str(opts.data))
+    every = comm.allgather(mine)
+    problems = []
+    for r, (machine, sock, digest, data) in enumerate(every):
+        if digest != manifest.digest and comm.Get_rank() == 0:
+            problems.append(f"--data: rank {r}'s {data} (digest {digest}) is not rank 0's {opts.data} "
+                            f"(digest {manifest.digest}); give every rank the same dataset")
+        if r != comm.Get_rank() and (machine, sock) == mine[:2]:
+            problems.append(f"--socket: ranks {comm.Get_rank()} and {r} share {sock} on one machine; put {{rank}} "
+                            "in --socket (e.g. --socket /tmp/enspipe-{rank}.sock), or run one rank per node")
+    failed = comm.allreduce(bool(problems), op=MPI.LOR)
+    if failed:
+        fail("; ".join(problems) if problems else "another rank's checks failed (its message says why)")
+    return comm
 
 
 def _print_status(sock: str, fail: Fail) -> int:

@@ -214,25 +214,38 @@ class Scheduler:
         Returns the sample."""
         s = int(self.sample_in[slot])
         self.making.discard(slot)
+        self.pending[slot] = set()
+        self.sample_in[slot] = -1
+        self.free.append(slot)
+        self.drop(s)
+        return s
+
+    def drop(self, s: int) -> None:
+        """Sample ``s`` cannot be preprocessed (here or on another rank): out of every epoch."""
         self.dropped[s] = True
         for d in self.consumers.values():
             if d.need[s]:
                 d.need[s] = d.covered[s] = False
                 d.left -= 1
         self.count[s] = 0
-        self.pending[slot] = set()
-        self.sample_in[slot] = -1
-        self.free.append(slot)
-        return s
+
+    def adopt(self, s: int, reserve: int) -> int | None:
+        """A slot for a copy of ``s`` made elsewhere (by another rank of an MPI server), where a
+        consumer here needs ``s`` and has no copy coming, and the pool has more than ``reserve``
+        free slots or a cached copy to let go; the slot is then being made. Else None."""
+        if self.count[s] <= 0 or self.dropped[s]:
+            return None
+        slot = self.free.pop() if len(self.free) > reserve else self._evict_cached()
+        if slot is not None:
+            self._place(s, slot)
+        return slot
 
     def _evict(self, asking: Consumer) -> int | None:
         """A slot freed by evicting the least recently cached copy, else the copy the fewest
         consumers wait for; None where every slot is in use."""
-        for slot in self.cached:
-            if not self.held[slot]:
-                del self.cached[slot]
-                self.sample_in[slot] = -1
-                return slot
+        slot = self._evict_cached()
+        if slot is not None:
+            return slot
         protected = set()
         for d in self.consumers.values():
             protected.update(list(d.ready)[: self.batch])
@@ -255,6 +268,15 @@ class Scheduler:
         self.sample_in[best] = -1
         self.evictions += 1
         return best
+
+    def _evict_cached(self) -> int | None:
+        """The slot of the least recently cached copy no consumer is copying out, emptied; or None."""
+        for slot in self.cached:
+            if not self.held[slot]:
+                del self.cached[slot]
+                self.sample_in[slot] = -1
+                return slot
+        return None
 
     def _maybe_cache(self, slot: int) -> None:
         if self.sample_in[slot] >= 0 and slot not in self.making and not self.pending[slot]:

@@ -39,7 +39,9 @@ def status_path(sock: str) -> str:
 class Server:
     """The server for ``opts`` over ``manifest`` (checked beforehand: :func:`enspipe.serve.checks.prepare`)."""
 
-    def __init__(self, opts: wire.ServeOptions, manifest, say=print, idle_exit: float = 0.0):
+    def __init__(self, opts: wire.ServeOptions, manifest, say=print, idle_exit: float = 0.0, comm=None):
+        """``comm``: the MPI communicator of a server of several ranks (one per node), which share
+        the preprocessing (:mod:`enspipe.serve.mesh`); None for one process."""
         from enspipe.data.pixels import output_spec
 
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
@@ -54,6 +56,12 @@ class Server:
         self.stopping = threading.Event()
         self.status = Status(self.sched, opts, self.pool.bytes)
         self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}
+        self.mesh = None
+        if comm is not None:
+            from enspipe.serve.mesh import Mesh
+
+            self.mesh = Mesh(self, comm)
+            self.status.extra = self.mesh.status
 
     # -- the main loop ----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -69,6 +77,8 @@ class Server:
             signal.signal(sig, lambda *_: self.stopping.set())
         self.reporter = threading.Thread(target=self._report, name="enspipe-serve-status", daemon=True)
         self.reporter.start()
+        if self.mesh:
+            self.mesh.thread.start()
         self.say(f"serving {self.opts.data} ({self.m.num_images} samples, batch {self.opts.batch_size}, "
                  f"{self.opts.image_size} px {self.opts.preprocess}) on {self.opts.socket}; pool "
                  f"{self.opts.slots} samples ({self.pool.bytes / 2**20:.0f} MiB)")
@@ -80,13 +90,23 @@ class Server:
                 except socket.timeout:
                     if self.sched.consumers or self.status.connections:
                         idle_since = time.monotonic()
-                    elif self.idle_exit and time.monotonic() - idle_since > self.idle_exit:
-                        self.say(f"no consumer for {self.idle_exit:g} s: stopping")
+                    if self._idle_long(idle_since):
                         break
                     continue
                 threading.Thread(target=self._consumer, args=(conn,), daemon=True, name="enspipe-consumer").start()
         finally:
             self._stop(listener)
+
+    def _idle_long(self, idle_since: float) -> bool:
+        """Whether to stop for ``idle_exit``; a rank of several says so in the next round instead,
+        and the job stops once every rank has been idle that long."""
+        idle = bool(self.idle_exit) and time.monotonic() - idle_since > self.idle_exit
+        if self.mesh:
+            self.mesh.idle = idle
+            return False
+        if idle:
+            self.say(f"no consumer for {self.idle_exit:g} s: stopping")
+        return idle
 
     def _stop(self, listener: socket.socket) -> None:
         self.stopping.set()
@@ -98,6 +118,9 @@ class Server:
         with self.cond:
             self.cond.notify_all()
         self.status.close_connections()
+        if self.mesh:  # the other ranks learn of the stop in its last round
+            self.mesh.wake.set()
+            self.mesh.thread.join()
         self.workers.shutdown(wait=True, cancel_futures=True)
         self.reporter.join()  # its last write done: the final status is the last word
         write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="stopped"))
@@ -186,6 +209,9 @@ class Server:
         """Queue what the consumer lacks (under the lock), in chunks: one lock and one wake-up of
         the waiting consumers per chunk, not per sample."""
         jobs = self.sched.plan(cid, self.sched.wanted(cid, self.opts.ahead))
+        if self.mesh:
+            self.mesh.queue(jobs)
+            return
         for i in range(0, len(jobs), CHUNK):
             self.workers.submit(self._make, [(s, slot, next(self.positions)) for s, slot in jobs[i:i + CHUNK]])
 

@@ -29,6 +29,7 @@ class Status:
         self.failures: list[str] = []
         self._last = self._counters()
         self._cpu_first_attach = None  # the server's CPU when its first consumer attached
+        self.extra = None  # a rank's part in an MPI server (enspipe.serve.mesh), as a callable
 
     def attached(self, cid: int, conn: socket.socket, hello: dict) -> None:
         if self._cpu_first_attach is None:
@@ -97,7 +98,8 @@ class Status:
                            "cached_bytes": (self.sched.occupied() - self.sched.in_use()) * self.opts.sample_bytes,
                            "slots": self.sched.slots, "slots_in_use": self.sched.in_use(),
                            "slots_cached": self.sched.occupied() - self.sched.in_use()},
-                "consumers": consumers, "departed": self.departed[-50:], "window": window, "total": total}
+                "consumers": consumers, "departed": self.departed[-50:], "window": window, "total": total,
+                **({"mpi": self.extra()} if self.extra else {})}
 
     def totals_line(self) -> str:
         s = self.sched
