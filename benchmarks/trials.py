@@ -12,6 +12,9 @@ Arms, interleaved within each repeat:
 * ``alone``: one consumer;
 * ``staggered``: 4 consumers attaching 0, 1/4, 1/2 and 3/4 of ``alone``'s epoch apart;
 * ``mixed``: 4 consumers attached together, one with a step twice as long;
+* ``staggered_2ranks``: ``staggered`` on an MPI server of 2 ranks (``mpiexec -n 2 enspipe serve``,
+  a socket each; consumers 0 and 2 on rank 0, 1 and 3 on rank 1), the ranks sharing the
+  preprocessing: the job's sharing factor and CPU (both ranks' on this one machine);
 * ``together``: 4 consumers attached together at full speed (no step), for the handoff's CPU,
   beside ``shared_stream``: ``SharedStream`` (all_shared, the pillow backend, uint8) at n = 4
   under mpiexec, each member taking every batch at once;
@@ -80,29 +83,36 @@ def _collect(procs: list, outs: list) -> list[dict]:
 
 
 # -- the attach arms --------------------------------------------------------------------------------
-def attach_arm(a, tmp: str, starts: list[float], steps_ms: list[float]) -> dict:
-    sock = os.path.join(tmp, "s.sock")
-    server = subprocess.Popen([sys.executable, "-m", "enspipe", "serve", *map(str, [
-                               "--data", a.data, "--batch-size", a.batch, "--image-size", a.size, "--socket", sock,
-                               "--memory", a.memory, "--status-interval", 60])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def attach_arm(a, tmp: str, starts: list[float], steps_ms: list[float], ranks: int = 1) -> dict:
+    """The consumers on one server, or on an MPI server of ``ranks`` ranks (consumer k on rank k mod
+    ranks): the sharing factor and CPU are then the job's (every rank's)."""
+    sock = os.path.join(tmp, "s-{rank}.sock")
+    socks = [sock.replace("{rank}", str(r)) for r in range(ranks)]
+    cmd = [sys.executable, "-m", "enspipe", "serve", *map(str, ["--data", a.data, "--batch-size", a.batch,
+           "--image-size", a.size, "--socket", sock, "--memory", a.memory, "--status-interval", 60])]
+    server = subprocess.Popen([MPIEXEC, "-n", str(ranks), *cmd] if ranks > 1 else cmd, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
     from enspipe.serve.wire import live_server
 
-    while not live_server(sock):
+    while not all(live_server(x) for x in socks):
         if server.poll() is not None:
             raise RuntimeError(server.communicate()[0])
         time.sleep(0.05)
     t0 = time.time() + 3.0  # every consumer imported and waiting
     outs = [os.path.join(tmp, f"c{k}.json") for k in range(len(starts))]
-    procs = [_spawn(["--consumer", "--sock", sock, "--start-at", t0 + s, "--step-ms", st, "--epochs", a.epochs,
-                     "--out", o, "--name", f"c{k}"]) for k, (s, st, o) in enumerate(zip(starts, steps_ms, outs))]
+    procs = [_spawn(["--consumer", "--sock", socks[k % ranks], "--start-at", t0 + s, "--step-ms", st, "--epochs",
+                     a.epochs, "--out", o, "--name", f"c{k}"]) for k, (s, st, o) in enumerate(zip(starts, steps_ms, outs))]
     results = _collect(procs, outs)
     server.terminate()
     server.communicate(timeout=60)
-    total = json.load(open(sock + ".status.json"))["total"]
-    cpu = total["cpu_seconds_serving"] + sum(r["cpu"] for r in results)
+    status = [json.load(open(x + ".status.json")) for x in socks]
+    made = status[0]["mpi"]["job"]["preprocessed"] if ranks > 1 else status[0]["total"]["preprocessed"]
+    delivered = sum(st["total"]["delivered"] for st in status)
+    cpu = sum(st["total"]["cpu_seconds_serving"] for st in status) + sum(r["cpu"] for r in results)
+    again = sum(st["total"]["preprocessed_again"]["evicted"] for st in status)
     return {"rates": [r["images"] / r["seconds"] for r in results], "exact": all(r["exact"] for r in results),
-            "sharing": total["sharing_factor"], "again": total["preprocessed_again"]["evicted"] / total["preprocessed"],
-            "cpu_ms": 1e3 * cpu / total["delivered"], "missed": sum(r["missed"] for r in results), "twice": 0}
+            "sharing": delivered / made, "again": again / made, "cpu_ms": 1e3 * cpu / delivered,
+            "missed": sum(r["missed"] for r in results), "twice": 0}
 
 
 # -- SharedStream at n = 4 --------------------------------------------------------------------------
@@ -230,6 +240,7 @@ def run_arms(a, step_ms: float, epoch_s: float) -> list[tuple[str, object]]:
             ("staggered", lambda t: attach_arm(a, t, quarter, [step_ms] * 4)),
             ("mixed", lambda t: attach_arm(a, t, [0.0] * 4, [step_ms] * 3 + [2 * step_ms])),
             ("together", lambda t: attach_arm(a, t, [0.0] * 4, [0.0] * 4)),
+            ("staggered_2ranks", lambda t: attach_arm(a, t, quarter, [step_ms] * 4, ranks=2)),
             ("shared_stream", lambda t: shared_stream_arm(a, t))]
     if _tf_installed():
         arms += [("tfdata_alone", lambda t: service_arm(a, t, [0.0], [step_ms])),

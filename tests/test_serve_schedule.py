@@ -128,20 +128,19 @@ def test_staggered_consumers_with_room_to_keep_copies_share_nearly_n_fold():
 
 def test_a_copy_made_by_another_rank_is_adopted_only_where_needed_and_room_is_spare():
     s = Scheduler(20, slots=10, batch=2, seed=0)
-    assert s.adopt(3, reserve=0) is None  # no consumer: nobody needs it
+    assert s.adopt(3, reserve=len(s.free)) is None  # nobody needs it and no room to spare
+    cached = s.adopt(9, reserve=0)  # nobody needs it, room to spare: cached for later epochs
+    s.made_one(cached)
+    assert list(s.cached) == [cached]
     s.attach(0)
     s.wanted(0, 0)  # epoch 0 begins: it needs all 20
     slot = s.adopt(3, reserve=0)
     assert slot is not None and slot in s.making and s.count[3] == 0
     assert s.adopt(3, reserve=0) is None  # a copy is coming: not twice
+    assert 9 in s.sample_in[list(s.consumers[0].ready)]  # the cached copy serves its epoch 0
     assert s.adopt(4, reserve=len(s.free)) is None  # only spare room, and nothing cached to let go
     s.made_one(slot)
-    t = s.take(0)
-    assert t is None  # one ready, a batch is 2
-    for _, made in s.plan(0, s.wanted(0, 0)):
-        s.made_one(made)
-    t = s.take(0)
-    assert 3 in t.samples or 3 in s.sample_in[list(s.consumers[0].ready)]
+    assert sorted(s.take(0).samples) == [3, 9]  # both copies made elsewhere, in its epoch 0
 
 
 def test_a_sample_that_failed_on_another_rank_leaves_every_epoch():

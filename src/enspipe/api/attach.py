@@ -92,6 +92,7 @@ class AttachedStream:
         self.info, self.consumer = info, info["consumer"]
         self._pool = Pool.open(info["pool"], info["slots"], tuple(info["shape"]), np.dtype(info["dtype"]))
         self._ledger = EpochLedger(info["num_images"])
+        self._held: list = []  # the last batch's slots, copied out: released with the next request
         self._closed = False
         atexit.register(self.close)
 
@@ -203,16 +204,13 @@ class AttachedStream:
 
             raise StreamClosed("the stream is closed")
         try:
-            wire.send(self._sock, {"op": "next"})
+            wire.send(self._sock, {"op": "next", "release": self._held})
         except OSError as e:
             raise wire.ServerGone(f"the server on {self.path} has ended ({e})") from None
         batch = self._answer()
         if "error" in batch:
             raise wire.ServerGone(f"the server on {self.path}: {batch['error']}")
         images, meta = self._pool.gather(batch["slots"])
-        try:
-            wire.send(self._sock, {"op": "release", "slots": batch["slots"]})
-        except OSError:
-            pass  # the next request says the server is gone
+        self._held = batch["slots"]
         self._ledger.add(meta[:, 0], np.full(len(meta), batch["epoch"], np.int64))
         return images, meta, batch["end"]

@@ -78,7 +78,7 @@ class Mesh:
         if stop:
             s.stopping.set()
             with s.cond:
-                s.cond.notify_all()
+                s._wake_all()
         return not stop
 
     def _share(self, union: list, mine: list) -> None:
@@ -136,7 +136,7 @@ class Mesh:
         s = self.server
         counts = [len(range(r, len(union), self.size)) for r in range(self.size)]
         starts = [sum(counts[:r]) for r in range(self.size)]  # each rank's block in the gathered copies
-        failed = []
+        failed, woken = [], set()
         with s.cond:
             for i, sample in enumerate(union):
                 sid, label, problem = made[sample]
@@ -152,10 +152,10 @@ class Mesh:
                 for slot in slots:
                     s.pool.images[slot] = copies[starts[i % self.size] + i // self.size]
                     s.pool.meta[slot] = (sid, label)
-                    s.sched.made_one(slot)
+                    woken |= s.sched.made_one(slot)
             for problem in failed:
                 s.status.failed(problem)
-            s.cond.notify_all()
+            s._wake_all() if failed else s._wake(woken)
         for problem in failed:
             s.say(f"left out of every epoch: {problem}")
 

@@ -79,6 +79,7 @@ class Scheduler:
         self.again = {r: 0 for r in REASONS}
         self.evictions = 0
         self.given = 0  # samples taken, by every consumer that ever attached
+        self.short = False  # a plan found no slot (every one in use): a release may help
 
     # -- consumers come and go ----------------------------------------------------------------
     def attach(self, cid: int) -> Consumer:
@@ -175,19 +176,37 @@ class Scheduler:
         candidates = np.flatnonzero(c.need & ~c.covered)
         if k <= 0 or not len(candidates):
             return []
-        if len(candidates) > k:  # the most-needed, ties at random
-            score = self.count[candidates] + self.rng.random(len(candidates))
-            candidates = candidates[np.argpartition(-score, k - 1)[:k]]
+        if len(candidates) > k:
+            candidates = self._most_needed(candidates, k)
         else:
             self.rng.shuffle(candidates)
         jobs = []
         for s in candidates.tolist():
             slot = self.free.pop() if self.free else self._evict(c)
             if slot is None:
+                self.short = True
                 break
             self._place(s, slot)
             jobs.append((s, slot))
         return jobs
+
+    def _most_needed(self, candidates: np.ndarray, k: int) -> np.ndarray:
+        """``k`` of the candidates, those the most consumers need first, ties at random (in random
+        order). Where the most-needed alone are ``k`` or more, ``k`` of them are drawn without
+        scoring every candidate (an ImageNet epoch has 1.28 M)."""
+        count = self.count[candidates]
+        best = np.flatnonzero(count == count.max())
+        if len(best) >= k:
+            return candidates[best[self.rng.choice(len(best), k, replace=False)]]
+        score = count + self.rng.random(len(candidates))
+        picked = candidates[np.argpartition(-score, k - 1)[:k]]
+        self.rng.shuffle(picked)
+        return picked
+
+    def ready(self, cid: int) -> bool:
+        """Whether the consumer's next batch can be taken now (or its epoch is over)."""
+        c = self.consumers.get(cid)
+        return c is not None and (c.rollover or len(c.ready) >= min(self.batch, c.left))
 
     def _place(self, s: int, slot: int) -> None:
         self.sample_in[slot] = s
@@ -202,12 +221,13 @@ class Scheduler:
                 d.evicted.discard(s)
         self.again["evicted"] += again
 
-    def made_one(self, slot: int) -> None:
-        """The slot's copy is preprocessed: ready for every consumer waiting for it."""
+    def made_one(self, slot: int) -> set:
+        """The slot's copy is preprocessed: ready for every consumer waiting for it (returned)."""
         self.making.discard(slot)
         for cid in self.pending[slot]:
             self.consumers[cid].ready.append(slot)
         self._maybe_cache(slot)
+        return self.pending[slot]
 
     def failed_one(self, slot: int) -> int:
         """The slot's sample could not be preprocessed: it leaves every epoch (the server names it).
@@ -230,12 +250,19 @@ class Scheduler:
         self.count[s] = 0
 
     def adopt(self, s: int, reserve: int) -> int | None:
-        """A slot for a copy of ``s`` made elsewhere (by another rank of an MPI server), where a
-        consumer here needs ``s`` and has no copy coming, and the pool has more than ``reserve``
-        free slots or a cached copy to let go; the slot is then being made. Else None."""
-        if self.count[s] <= 0 or self.dropped[s]:
+        """A slot for a copy of ``s`` made elsewhere (by another rank of an MPI server), or None.
+        Where a consumer here needs ``s`` and has no copy coming: a free slot beyond ``reserve``,
+        else a cached copy's. Where none does: a free slot beyond ``reserve`` only, and once made
+        the copy is cached for the consumers' next epochs and for those that attach later, as a
+        copy made here would be. The slot is then being made."""
+        if self.dropped[s] or (self.count[s] <= 0 and any(d.covered[s] for d in self.consumers.values())):
+            return None  # out of every epoch, or a copy is coming for everyone here who needs it
+        if len(self.free) > reserve:
+            slot = self.free.pop()
+        elif self.count[s] > 0:
+            slot = self._evict_cached()
+        else:
             return None
-        slot = self.free.pop() if len(self.free) > reserve else self._evict_cached()
         if slot is not None:
             self._place(s, slot)
         return slot

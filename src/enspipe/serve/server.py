@@ -2,9 +2,10 @@
 
 The server owns the pool (node-shared memory, within its budget) and a thread per attached
 consumer; a pool of ``workers`` threads preprocesses what the scheduler
-(:mod:`enspipe.serve.schedule`) picks. A consumer's messages are small (``next``, ``release``); a
-batch is a list of slots, which the consumer copies out of the pool into its own arrays and then
-releases, so a batch it keeps never changes.
+(:mod:`enspipe.serve.schedule`) picks; with several MPI ranks, the ranks share that work
+(:mod:`enspipe.serve.mesh`). A consumer's messages are small: a batch is a list of slots, which the
+consumer copies out of the pool into its own arrays and releases with its next request, so a batch
+it keeps never changes. A consumer waiting for a batch is woken once that batch is ready.
 
 A consumer that goes away (``close()``, its process exiting or killed) closes its socket: the
 server sees it at once and lets go of everything that consumer needed or held. The server writes
@@ -48,7 +49,9 @@ class Server:
         shape, dtype = output_spec(opts.preprocess, opts.image_size, opts.wire_dtype)
         self.pool = Pool.create(opts.slots, shape, dtype)
         self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)  # the lock; notified where every waiter should look
+        self.wakers: dict[int, threading.Condition] = {}  # a consumer's own, on the same lock
         self.source = SampleSource(manifest)
         self.workers = ThreadPoolExecutor(opts.workers or len(os.sched_getaffinity(0)), thread_name_prefix="enspipe-serve")
         self.positions = itertools.count()
@@ -116,7 +119,7 @@ class Server:
         except FileNotFoundError:
             pass
         with self.cond:
-            self.cond.notify_all()
+            self._wake_all()
         self.status.close_connections()
         if self.mesh:  # the other ranks learn of the stop in its last round
             self.mesh.wake.set()
@@ -145,12 +148,8 @@ class Server:
             conn.settimeout(None)  # a consumer may train as slowly as it likes
             while not self.stopping.is_set():
                 msg = wire.recv(conn)
-                if msg["op"] == "release":
-                    with self.cond:
-                        self.sched.release(cid, msg["slots"])
-                        self.cond.notify_all()
-                elif msg["op"] == "next":
-                    wire.send(conn, self._next(cid))
+                if msg["op"] == "next":  # with the slots of the batch before, copied out
+                    wire.send(conn, self._next(cid, msg.get("release", ())))
                 elif msg["op"] == "bye":
                     break
         except (EOFError, OSError, ValueError, KeyError, TypeError) as e:  # gone, or not an enspipe consumer
@@ -170,6 +169,7 @@ class Server:
                 return None
             cid = next(self.ids)
             self.sched.attach(cid)
+            self.wakers[cid] = threading.Condition(self.lock)
             self.status.attached(cid, conn, hello)
         wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots,
                          "shape": list(self.pool.shape), "dtype": self.pool.dtype.str,
@@ -187,28 +187,49 @@ class Server:
             if cid is not None:
                 self.sched.detach(cid)
                 self.status.detached(cid, why)
-            self.cond.notify_all()
+                self.wakers.pop(cid, None)
+            self._wake_all()
         try:
             conn.close()
         except OSError:
             pass
 
-    def _next(self, cid: int) -> dict:
+    def _next(self, cid: int, release) -> dict:
+        """The consumer's next batch, waiting (on its own condition) until it is made; and, after
+        an epoch's last batch, one batch of its next epoch made ahead (the rest when it asks: a
+        consumer that leaves costs one batch, not ``ahead + 1``)."""
         with self.cond:
+            if release:
+                self.sched.release(cid, release)
+                if self.sched.short:  # a plan found every slot in use: the waiting may find one now
+                    self._wake_all()
             while (taken := self.sched.take(cid)) is None:
                 self._make_for(cid)
-                self.cond.wait(0.5)
+                self.wakers[cid].wait(0.5)
                 if self.stopping.is_set():
                     return {"error": "the server is stopping"}
-            self._make_for(cid)
+            self._make_for(cid, ahead=0 if taken.end else self.opts.ahead)
             self.status.gave(cid, len(taken.samples))
         return {"slots": taken.slots, "epoch": taken.epoch, "end": taken.end}
 
+    def _wake(self, cids) -> None:
+        """Wake the consumers among ``cids`` whose next batch is ready (under the lock)."""
+        for cid in cids:
+            waker = self.wakers.get(cid)
+            if waker is not None and self.sched.ready(cid):
+                waker.notify()
+
+    def _wake_all(self) -> None:
+        self.sched.short = False
+        for waker in self.wakers.values():
+            waker.notify()
+        self.cond.notify_all()
+
     # -- making ---------------------------------------------------------------------------------
-    def _make_for(self, cid: int) -> None:
-        """Queue what the consumer lacks (under the lock), in chunks: one lock and one wake-up of
-        the waiting consumers per chunk, not per sample."""
-        jobs = self.sched.plan(cid, self.sched.wanted(cid, self.opts.ahead))
+    def _make_for(self, cid: int, ahead: int | None = None) -> None:
+        """Queue what the consumer lacks (under the lock), in chunks: one lock per chunk, not per
+        sample, and a consumer woken only once its batch is ready."""
+        jobs = self.sched.plan(cid, self.sched.wanted(cid, self.opts.ahead if ahead is None else ahead))
         if self.mesh:
             self.mesh.queue(jobs)
             return
@@ -231,14 +252,15 @@ class Server:
                 self.say(f"error: preprocessing sample {s} failed: {type(e).__name__}: {e}; stopping")
                 self.stopping.set()
                 with self.cond:
-                    self.cond.notify_all()
+                    self._wake_all()
                 return
         with self.cond:
+            woken = set()
             for slot in done:
-                self.sched.made_one(slot)
+                woken |= self.sched.made_one(slot)
             for slot, problem in failed:
                 self.sched.failed_one(slot)
                 self.status.failed(problem)
-            self.cond.notify_all()
+            self._wake_all() if failed else self._wake(woken)
         for _, problem in failed:
             self.say(f"left out of every epoch: {problem}")

@@ -103,5 +103,11 @@ class Status:
 
     def totals_line(self) -> str:
         s = self.sched
+        if self.extra:  # a rank of an MPI server: its pool's copies came from every rank
+            mpi = self.extra()
+            return (f"rank {mpi['rank']} of {mpi['ranks']}: {mpi['preprocessed_here']} images preprocessed here, "
+                    f"{s.made} copies in this pool, {s.given} delivered here; the job: {mpi['job']['preprocessed']} "
+                    f"preprocessed, {mpi['job']['delivered']} delivered (sharing factor "
+                    f"{mpi['job']['sharing_factor']}), {s.again['evicted']} preprocessed again after eviction here")
         return (f"{s.made} images preprocessed, {s.given} delivered (sharing factor "
                 f"{_ratio(s.given, s.made)}), {s.again['evicted']} preprocessed again after eviction")

@@ -2,8 +2,9 @@
 validated when made), where its socket is, and the messages on it.
 
 The socket carries only small JSON messages (length-prefixed): a consumer's ``hello`` (what it
-expects of the stream), its ``next`` (a batch, please) and ``release`` (copied out); the server's
-answers name slots of the pool, node-shared memory that both map. Pixels never cross the socket.
+expects of the stream), its ``next`` (a batch, please, releasing the slots of the batch before,
+copied out by now) and ``bye``; the server's answers name slots of the pool, node-shared memory
+that both map. Pixels never cross the socket.
 """
 from __future__ import annotations
 
