@@ -25,8 +25,10 @@ import numpy as np
 from enspipe.data.manifest import DataError
 from enspipe.serve.samples import make_sample
 
-IDLE_WAIT_S = 0.01   # a round with nothing asked waits this long for a consumer's request
+IDLE_WAIT_S = 0.01   # a round with nothing asked waits this long for a consumer's request, doubling
+MAX_IDLE_WAIT_S = 0.1  # up to this while the rounds stay empty (an idle job costs about 1 % of a core)
 POLL_S = 0.0005      # ranks meet at a non-blocking barrier, polled: a rank that waits sleeps, not spins
+MAX_POLL_S = 0.004   # the poll's pause doubles from POLL_S up to this while the others are busy
 
 
 class Mesh:
@@ -40,6 +42,7 @@ class Mesh:
         self.wake = threading.Event()
         self.idle = False                       # this rank has had no consumer for --idle-exit
         self.position = 0                       # stream positions the job's copies used so far
+        self.idle_wait = IDLE_WAIT_S
         self.counts = {"preprocessed_here": 0, "received": 0, "adopted": 0, "passed": 0, "rounds": 0}
         self.job = {"preprocessed": 0, "delivered": 0}
         self.thread = threading.Thread(target=self._run, name="enspipe-serve-mesh", daemon=True)
@@ -61,7 +64,7 @@ class Mesh:
         """One round; False once every rank is to stop."""
         s = self.server
         if not self.asked and not s.stopping.is_set():
-            self.wake.wait(IDLE_WAIT_S)
+            self.wake.wait(self.idle_wait)
         self.wake.clear()
         with s.cond:
             mine, self.asked = self.asked[:self.limit], self.asked[self.limit:]
@@ -71,6 +74,7 @@ class Mesh:
         union = list(dict.fromkeys(sample for n in notes for sample in n["asked"]))  # first asker's order
         if union:
             self._share(union, mine)
+        self.idle_wait = min(2 * self.idle_wait, MAX_IDLE_WAIT_S) if not union else IDLE_WAIT_S
         self.counts["rounds"] += 1
         self.job = {"preprocessed": sum(n["preprocessed"] for n in notes),
                     "delivered": sum(n["delivered"] for n in notes)}
@@ -162,9 +166,10 @@ class Mesh:
     # -- the collectives ------------------------------------------------------------------------
     def _meet(self) -> None:
         """Wait, sleeping, until every rank is here: the blocking collective after it does not spin."""
-        request = self.comm.Ibarrier()
+        request, pause = self.comm.Ibarrier(), POLL_S
         while not request.Test():
-            time.sleep(POLL_S)
+            time.sleep(pause)
+            pause = min(2 * pause, MAX_POLL_S)
 
     def _allgather(self, obj):
         self._meet()
