@@ -76,9 +76,13 @@ class Mesh:
             self._share(union, mine)
         self.idle_wait = min(2 * self.idle_wait, MAX_IDLE_WAIT_S) if not union else IDLE_WAIT_S
         self.counts["rounds"] += 1
+        stop = any(n["stop"] for n in notes) or all(n["idle"] for n in notes)
+        if stop:  # the last round's totals, with what it made
+            with s.cond:
+                last = {"delivered": s.sched.given, "preprocessed": self.counts["preprocessed_here"]}
+            notes = self._allgather(last)
         self.job = {"preprocessed": sum(n["preprocessed"] for n in notes),
                     "delivered": sum(n["delivered"] for n in notes)}
-        stop = any(n["stop"] for n in notes) or all(n["idle"] for n in notes)
         if stop:
             s.stopping.set()
             with s.cond:
