@@ -146,3 +146,28 @@ def test_the_workflow_spreads_cells_and_a_fleet_arm_over_nodes(tmp_path):
             assert sum("node-shm+mpi" in x["exchange_paths"].values() for x in s["ranks"]) == 2  # the leaders
     rounds = sorted((tmp_path / "results" / "heterogeneous" / "fleet").glob("round*/summary.json"))
     assert rounds and all(len({x["host"] for x in summary(p.parent)["ranks"]}) == 2 for p in rounds)
+
+
+def test_an_attach_server_spans_two_hosts_and_shares_their_preprocessing(dataset, tmp_path):
+    """`srun -N 2 enspipe serve`: a rank per host, each serving the consumer that a second job step
+    starts on its host (its own /dev/shm); the ranks exchange copies over the network. Every
+    consumer's epochs exact, and the job made fewer copies than it delivered."""
+    consumer = os.path.join(os.path.dirname(__file__), "attach_consumer.py")
+    sock = str(tmp_path / "s-{rank}.sock")
+    serve = " ".join(["srun", "--overlap", *_srun(2, 1, [
+        "serve", "--data", dataset, "--batch-size", 8, "--image-size", 32, "--memory", "8MB", "--workers", 1,
+        "--socket", sock, "--idle-exit", 8])[1:]])
+    each = (f"{sys.executable} {consumer} {tmp_path}/s-$SLURM_NODEID.sock {dataset} 3 0.05 "
+            f"{tmp_path}/c$SLURM_NODEID.json")  # rank r serves the r-th node of the allocation
+    script = (f"{serve} & until [ -S {tmp_path}/s-0.sock ] && [ -S {tmp_path}/s-1.sock ]; do sleep 0.2; done; "
+              f"srun -N 2 -n 2 --ntasks-per-node=1 --overlap bash -c '{each}'; wait")
+    r = subprocess.run(["salloc", "-N", "2", "-n", "2", "--ntasks-per-node=1", "bash", "-c", script],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    statuses = [json.load(open(tmp_path / f"s-{k}.sock.status.json")) for k in (0, 1)]
+    for k in (0, 1):
+        epochs = json.load(open(tmp_path / f"c{k}.json"))["epochs"]
+        assert [e["missing"] for e in epochs] == [0, 0, 0] and all(e["count"] == 50 for e in epochs)
+    job = statuses[0]["mpi"]["job"]
+    assert statuses[0]["state"] == "stopped" and job["delivered"] == 300 and job["preprocessed"] < 300, statuses
+    assert all(st["mpi"]["received"] > 0 for st in statuses)  # copies crossed between the hosts
