@@ -66,3 +66,11 @@ def test_a_stop_on_one_rank_stops_every_rank(tmp_path, dataset):
         assert not any(os.path.exists(sock) for sock in s.socks)
     finally:
         s.proc.kill()
+
+
+def test_a_check_that_fails_on_one_rank_alone_ends_every_rank_before_any_work(tmp_path, dataset):
+    (tmp_path / "d0").mkdir()  # rank 1's socket directory does not exist
+    r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--image-size", 32, "--memory", "8MB", "--socket",
+                str(tmp_path / "d{rank}" / "s.sock"), n=2, timeout=60)
+    assert r.returncode != 0 and r.stderr.count("no such directory") == 2, r.stderr  # rank 1's, and rank 0 names it
+    assert "rank 1: --socket" in r.stderr and not os.path.exists(tmp_path / "d0" / "s.sock")

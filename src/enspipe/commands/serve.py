@@ -46,45 +46,54 @@ def _serve(a: argparse.Namespace, fail: Fail) -> int:
     from enspipe.common.host import launched
 
     rank, ranks = launched() or (0, 1)
-    try:
+    try:  # the options, the same on every rank: checked before MPI_Init
         opts = ServeOptions(data=a.data, batch_size=a.batch_size, image_size=a.image_size, preprocess=a.preprocess,
                             wire_dtype=a.wire_dtype, fast_mode=a.fast_mode, seed=a.seed, workers=a.workers,
                             socket=a.socket.replace("{rank}", str(rank)) if a.socket else None, memory=a.memory,
                             ahead=a.ahead, status_interval=a.status_interval)
-        from enspipe.serve.checks import prepare
-
-        manifest = prepare(opts, say)
     except ConfigError as e:
         fail(str(e))
-    comm = _ranks_agree(opts, manifest, fail) if ranks > 1 else None
+    comm = None
+    if ranks > 1:  # this node's dataset, memory and socket may fail on one rank alone: every rank hears of it
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    from enspipe.serve.checks import prepare
+
+    manifest, problem = None, None
+    try:
+        manifest = prepare(opts, say)
+    except ConfigError as e:
+        problem = str(e)
+    if comm is not None:
+        problem = _ranks_agree(comm, opts, manifest, problem)
+    if problem:
+        fail(problem)
     from enspipe.serve.server import Server
 
     Server(opts, manifest, say=say, idle_exit=a.idle_exit, comm=comm).serve()
     return 0
 
 
-def _ranks_agree(opts, manifest, fail: Fail):
-    """MPI_Init for a server of several ranks, then every rank's checks of the others before any
-    work: one dataset (by digest), and no two ranks on one machine on one socket."""
-    from mpi4py import MPI
-
+def _ranks_agree(comm, opts, manifest, problem: str | None) -> str | None:
+    """Every rank's checks, shared before any work: each rank's own problem, else another rank's
+    (named), one dataset on every rank (by digest), and no two ranks on one machine on one socket."""
     from enspipe.common.host import boot_id
 
-    comm = MPI.COMM_WORLD
-    mine = (boot_id(), os.path.abspath(opts.socket), manifest.digest, str(opts.data))
+    me = comm.Get_rank()
+    mine = (problem, boot_id(), os.path.abspath(opts.socket), manifest.digest if manifest else None, str(opts.data))
     every = comm.allgather(mine)
-    problems = []
-    for r, (machine, sock, digest, data) in enumerate(every):
-        if digest != manifest.digest and comm.Get_rank() == 0:
-            problems.append(f"--data: rank {r}'s {data} (digest {digest}) is not rank 0's {opts.data} "
-                            f"(digest {manifest.digest}); give every rank the same dataset")
-        if r != comm.Get_rank() and (machine, sock) == mine[:2]:
-            problems.append(f"--socket: ranks {comm.Get_rank()} and {r} share {sock} on one machine; put {{rank}} "
-                            "in --socket (e.g. --socket /tmp/enspipe-{rank}.sock), or run one rank per node")
-    failed = comm.allreduce(bool(problems), op=MPI.LOR)
-    if failed:
-        fail("; ".join(problems) if problems else "another rank's checks failed (its message says why)")
-    return comm
+    problems = [problem] if problem else []
+    for r, (theirs, machine, sock, digest, data) in enumerate(every):
+        if theirs and r != me:
+            problems.append(f"rank {r}: {theirs}")
+        elif digest and mine[3] and digest != mine[3]:
+            problems.append(f"--data: rank {r}'s {data} (digest {digest}) is not rank {me}'s {opts.data} "
+                            f"(digest {mine[3]}); give every rank the same dataset")
+        if r != me and (machine, sock) == mine[1:3]:
+            problems.append(f"--socket: ranks {me} and {r} share {sock} on one machine; put {{rank}} in --socket "
+                            "(e.g. --socket /tmp/enspipe-{rank}.sock), or run one rank per node")
+    return "; ".join(problems) or None
 
 
 def _print_status(sock: str, fail: Fail) -> int:
