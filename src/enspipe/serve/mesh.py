@@ -98,8 +98,11 @@ class Mesh:
         images, rows = self._make([union[i] for i in share], [base + i for i in share])
         self.counts["preprocessed_here"] += len(share)
         made = {sample: row for part in self._allgather(rows) for sample, row in part.items()}
-        copies = self._allgatherv(images, [len(range(r, len(union), self.size)) for r in range(self.size)])
-        self._fill(union, slots_of, made, copies)
+        blocks = [len(range(r, len(union), self.size)) for r in range(self.size)]  # each rank's share's size
+        copies = self._allgatherv(images, blocks)
+        starts = [sum(blocks[:r]) for r in range(self.size)]  # each rank's block in the gathered copies
+        where = [starts[i % self.size] + i // self.size for i in range(len(union))]  # union sample i in copies
+        self._fill(union, slots_of, made, copies, where)
 
     def _make(self, samples: list, positions: list) -> tuple[np.ndarray, dict]:
         """This rank's copies (in the order given) and, per sample, ``(id, label, problem)``."""
@@ -139,11 +142,10 @@ class Mesh:
                     slots_of[sample] = [slot]
         return slots_of
 
-    def _fill(self, union: list, slots_of: dict, made: dict, copies: np.ndarray) -> None:
-        """Every copy this rank keeps written into its slots, and ready for the consumers waiting."""
+    def _fill(self, union: list, slots_of: dict, made: dict, copies: np.ndarray, where: list) -> None:
+        """Every copy this rank keeps (union sample ``i`` is ``copies[where[i]]``) written into its
+        slots, and ready for the consumers waiting."""
         s = self.server
-        counts = [len(range(r, len(union), self.size)) for r in range(self.size)]
-        starts = [sum(counts[:r]) for r in range(self.size)]  # each rank's block in the gathered copies
         failed, woken = [], set()
         with s.cond:
             for i, sample in enumerate(union):
@@ -158,12 +160,15 @@ class Mesh:
                     continue
                 self.counts["received"] += len(slots) * (i % self.size != self.rank)
                 for slot in slots:
-                    s.pool.images[slot] = copies[starts[i % self.size] + i // self.size]
+                    s.pool.images[slot] = copies[where[i]]
                     s.pool.meta[slot] = (sid, label)
                     woken |= s.sched.made_one(slot)
             for problem in failed:
                 s.status.failed(problem)
-            s._wake_all() if failed else s._wake(woken)
+            if failed:
+                s._wake_all()
+            else:
+                s._wake(woken)
         for problem in failed:
             s.say(f"left out of every epoch: {problem}")
 

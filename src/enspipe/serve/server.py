@@ -261,6 +261,9 @@ class Server:
             for slot, problem in failed:
                 self.sched.failed_one(slot)
                 self.status.failed(problem)
-            self._wake_all() if failed else self._wake(woken)
+            if failed:
+                self._wake_all()
+            else:
+                self._wake(woken)
         for _, problem in failed:
             self.say(f"left out of every epoch: {problem}")
