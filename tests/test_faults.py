@@ -268,3 +268,45 @@ def test_only_segments_nobody_uses_are_reaped(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mpich_shm_held", "mpich_shm_map", "mpich_shm_young",
                                                           "not_mpich"]
     assert reap_orphans(str(tmp_path)) == (2, 8192)  # nobody holds or maps those two any more
+
+
+RING_END = r"""
+import sys, time
+from mpi4py import MPI
+from enspipe.common.liveness import Heartbeat
+comm, ended = MPI.COMM_WORLD, []
+for i in range(60):  # beats every 2 ms: many end with a beat in flight
+    hb = Heartbeat(comm, on_loss=lambda peer, s: sys.exit(f"lost {peer}"), on_stall=sys.exit,
+                   interval=0.002, timeout=20).start()
+    time.sleep(0.001 * ((i + comm.Get_rank()) % 7))
+    hb.finish(comm.Barrier)
+    ended.append(hb.ended)
+sys.stdout.write(f"ended {all(ended)}\n")  # one write: the ranks share the pipe
+"""
+
+
+@pytest.mark.mpi
+def test_the_heartbeat_ring_ends_with_every_beat_taken_and_no_cancel(tmp_path):
+    """Each rank's last beat (BYE) ends its successor's receiving: every request completes and the
+    ring's communicator is freed, with no MPI_Cancel (a cancelled receive left MPI_Wait waiting for
+    good under MPICH's libfabric TCP module)."""
+    script = tmp_path / "ring.py"
+    script.write_text(RING_END)
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("ended True") == 3, r.stdout
+
+
+def test_a_stuck_end_writes_every_threads_stack_and_calls_on_stall(capfd):
+    from enspipe.common.liveness import deadline
+
+    stalled = []
+    with deadline(0.2, stalled.append):
+        time.sleep(0.6)
+    assert stalled == [0.2]
+    assert "in test_a_stuck_end_writes_every_threads_stack_and_calls_on_stall" in capfd.readouterr().err
+    with deadline(5, stalled.append):  # a block that ends in time: nothing called
+        pass
+    time.sleep(0.1)
+    assert stalled == [0.2]

@@ -216,8 +216,7 @@ class SharedStream:
             self._pipeline.close()
             wait_quietly([self._control.Ibarrier()])
         self._transport.close()
-        self._control.Barrier()
-        self._heartbeat.stop()
+        self._heartbeat.finish(self._control.Barrier)
         self._control.Free()
         self._events.close()
         short = [e for e in self.epochs() if e["missing"]]
@@ -259,7 +258,9 @@ class SharedStream:
         self._control = comm.Dup()  # ending together, apart from the exchange's communicators
         self._heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: self._abort(
             f"member {self.member}: member {peer} silent for {silent:.0f} s, lost (its process or node died)"),
-            timeout=peer_timeout).start()
+            timeout=peer_timeout, on_stall=lambda seconds: self._abort(
+                f"member {self.member}: closing took over {seconds:.0f} s with every member alive (each thread's "
+                "stack is in its log)")).start()
         self._events = _events(log_dir, comm.Get_rank())
         self._transport, self._pipeline = build_pipeline(comm, self.scheme, self.manifest, self._preprocessing, cfg,
                                                          threads or where.threads, self._events)

@@ -12,6 +12,14 @@ clean-up, tens of seconds later, or finish the cell as if nothing had happened. 
   records why and aborts the job). A lost member is noticed within ``timeout`` seconds wherever
   the others are blocked.
 
+The ring ends without ``MPI_Cancel``: each rank sends its successor a last beat (:data:`BYE`) and
+takes its predecessor's beats until that one's arrives, so every send and receive completes.
+:meth:`Heartbeat.finish` bounds the end: the job's last barrier and the ring's end within the peer
+timeout plus :data:`END_GRACE`, else every thread's stack goes to the log and the job ends. (A cell
+over MPICH's libfabric TCP module once stopped there for good, all its ranks done and alive, until
+Slurm's time limit; the ring's end then cancelled a receive, and cancelled receives have stalled
+``MPI_Wait`` in libfabric modules before.)
+
 The beat is a Python thread, so a rank whose other threads hold the GIL for ``timeout`` seconds
 looks lost too: nothing on a member's path may block that long inside a call that keeps the GIL
 (tf.data's autotuner made an iterator's destructor do so for up to 10 s; it is off, see
@@ -20,15 +28,20 @@ looks lost too: nothing on a member's path may block that long inside a call tha
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
+import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
 PR_SET_PDEATHSIG = 1
 TAG = 7_001
+BYE = -1  # a rank's last beat
+END_GRACE = 30.0  # s: how much longer than the peer timeout a job's last barrier and the ring's end may take
 
 
 def die_with_launcher() -> bool:
@@ -49,13 +62,15 @@ class Heartbeat:
     """The heartbeat ring of one job (see the module's docstring). ``start()`` after MPI is up,
     ``stop()`` once every rank has passed the job's last barrier."""
 
-    def __init__(self, comm, on_loss, interval: float = 0.5, timeout: float = 10.0):
+    def __init__(self, comm, on_loss, on_stall, interval: float = 0.5, timeout: float = 10.0):
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.on_loss, self.interval, self.timeout = on_loss, interval, timeout
+        self.on_stall = on_stall  # (seconds): the end took longer than it may (see finish)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="enspipe-heartbt", daemon=True)
         self.heard = time.monotonic()
+        self.ended = True  # every request of the ring completed (False: a BYE never came)
 
     def start(self) -> "Heartbeat":
         if self.size > 1:
@@ -69,21 +84,68 @@ class Heartbeat:
         sending: list = []
         beat = 0
         while not self._stop.wait(self.interval):
-            out = np.array([beat], np.int64)
-            sending = [(r, b) for r, b in sending if not r.Test()] + [(self.comm.Isend(out, succ, TAG), out)]
+            sending = [(r, b) for r, b in sending if not r.Test()] + [self._send(beat, succ)]
             beat += 1
-            while recv.Test():
-                self.heard = time.monotonic()
-                recv = self.comm.Irecv(inbox, source=pred, tag=TAG)
+            while recv is not None and recv.Test():
+                self.heard = time.monotonic()  # a predecessor that already ended sent its BYE: no more receives
+                recv = self.comm.Irecv(inbox, source=pred, tag=TAG) if inbox[0] != BYE else None
             silent = time.monotonic() - self.heard
-            if silent > self.timeout and not self._stop.is_set():
+            if recv is not None and silent > self.timeout and not self._stop.is_set():
                 self.on_loss(pred, silent)
                 return
-        recv.Cancel()
-        recv.Wait()
+        self.ended = self._end(recv, inbox, pred, [*sending, self._send(BYE, succ)])
+
+    def _send(self, value: int, to: int) -> tuple:
+        out = np.array([value], np.int64)
+        return self.comm.Isend(out, to, TAG), out
+
+    def _end(self, recv, inbox, pred: int, sending: list) -> bool:
+        """Take the predecessor's beats up to its :data:`BYE` and complete this rank's sends; False
+        where its BYE did not come within ``timeout`` (the requests are then left as they are)."""
+        end = time.monotonic() + self.timeout
+        while recv is not None and time.monotonic() < end:
+            if not recv.Test():
+                time.sleep(1e-3)
+            else:
+                recv = self.comm.Irecv(inbox, source=pred, tag=TAG) if inbox[0] != BYE else None
+        while not all(r.Test() for r, _ in sending) and time.monotonic() < end:
+            time.sleep(1e-3)  # the successor takes every beat up to this rank's BYE
+        return recv is None and all(r.Test() for r, _ in sending)
+
+    def finish(self, barrier) -> None:
+        """Pass the job's last barrier (``barrier()``, on every rank) and end the ring. Where that
+        takes over ``timeout`` + :data:`END_GRACE` seconds, every thread's stack goes to stderr and
+        ``on_stall(seconds)`` ends the job: stuck with every peer alive, which the beats cannot see."""
+        with deadline(self.timeout + END_GRACE, self.on_stall):
+            barrier()
+            self.stop()
 
     def stop(self) -> None:
+        """End the ring; every rank calls it, after a barrier they all passed."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self.comm.Free()
+        if self.ended:
+            self.comm.Free()
+
+
+@contextmanager
+def deadline(seconds: float, on_stall):
+    """Where the block has not finished within ``seconds``, write every thread's stack to stderr
+    and call ``on_stall(seconds)`` from a timer thread (it should end the job: the block is stuck
+    with every peer alive, which the heartbeat cannot see).
+
+    >>> with deadline(40, lambda s: comm.Abort(1)):
+    ...     comm.Barrier()
+    """
+    def stalled() -> None:
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        on_stall(seconds)
+
+    timer = threading.Timer(seconds, stalled)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

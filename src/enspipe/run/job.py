@@ -75,7 +75,9 @@ def _heartbeat(cfg: RunConfig, comm, progress: dict):
     rank = comm.Get_rank()
     return Heartbeat(comm, on_loss=lambda peer, silent: fail(
         cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
-        timeout=cfg.faults.peer_timeout).start()
+        timeout=cfg.faults.peer_timeout, on_stall=lambda seconds: fail(
+            cfg, comm, progress, f"rank {rank}: the cell's last barrier and the heartbeat's end took over {seconds:.0f} s "
+            "with every rank alive (each thread's stack is in the log above)")).start()
 
 
 def _clear_earlier_results(cfg: RunConfig, comm) -> None:

@@ -133,8 +133,7 @@ def job_report(job: Job, report: dict, w: Window, warm: "Warmup") -> int:
     failure = comm.bcast(failure, root=0)
     job.events.log(keys.END, **({"failure": failure} if failure else {}))
     job.events.close()
-    comm.Barrier()  # every member is alive and done: only now does the cell's summary appear
-    job.heartbeat.stop()
+    job.heartbeat.finish(comm.Barrier)  # every member is alive and done: only now does the cell's summary appear
     if rank == 0:
         summary_path = os.path.join(cfg.out, SUMMARY)
         phases.mark("summarized")
