@@ -18,8 +18,12 @@ def _events(out, rank=0):
 
 
 def test_peak_run_consumes_the_dataset_exactly_once_and_leaves_the_warm_up_out(dataset, tmp_path):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak", *with_option(BASE, "--warmup", 3))
+    tmp = tmp_path / "tmp"  # the temporary folder: TensorFlow's autograph writes a module per converted function
+    tmp.mkdir()
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "peak", *with_option(BASE, "--warmup", 3),
+                env={"TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr
+    assert not list(tmp.iterdir())  # the process's own folder there, removed as it left
     s = summary(tmp_path)
     rank = s["ranks"][0]  # epoch 0 done during the warm-up (3 steps and the drain), counted
     assert rank["epochs"][0] == {"epoch": 0, "count": 50, "digest": manifest(dataset)["digest"], "missing": 0}
