@@ -288,8 +288,8 @@ sys.stdout.write(f"ended {all(ended)}\n")  # one write: the ranks share the pipe
 @pytest.mark.mpi
 def test_the_heartbeat_ring_ends_with_every_beat_taken_and_no_cancel(tmp_path):
     """Each rank's last beat (BYE) ends its successor's receiving: every request completes and the
-    ring's communicator is freed, with no MPI_Cancel (a cancelled receive left MPI_Wait waiting for
-    good under MPICH's libfabric TCP module)."""
+    ring's communicator is freed, with no MPI_Cancel (cancelled receives have stalled MPI_Wait in
+    libfabric modules; a CI cell once stopped for good where the ring cancelled one)."""
     script = tmp_path / "ring.py"
     script.write_text(RING_END)
     r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)], capture_output=True, text=True,

@@ -87,13 +87,18 @@ class Heartbeat:
             sending = [(r, b) for r, b in sending if not r.Test()] + [self._send(beat, succ)]
             beat += 1
             while recv is not None and recv.Test():
-                self.heard = time.monotonic()  # a predecessor that already ended sent its BYE: no more receives
-                recv = self.comm.Irecv(inbox, source=pred, tag=TAG) if inbox[0] != BYE else None
+                self.heard = time.monotonic()
+                recv = self._next(inbox, pred)
             silent = time.monotonic() - self.heard
             if recv is not None and silent > self.timeout and not self._stop.is_set():
                 self.on_loss(pred, silent)
                 return
         self.ended = self._end(recv, inbox, pred, [*sending, self._send(BYE, succ)])
+
+    def _next(self, inbox, pred: int):
+        """The receive for the predecessor's next beat, once one arrived; None after its BYE (it
+        sends no more: a predecessor may end before this rank does)."""
+        return self.comm.Irecv(inbox, source=pred, tag=TAG) if inbox[0] != BYE else None
 
     def _send(self, value: int, to: int) -> tuple:
         out = np.array([value], np.int64)
@@ -107,7 +112,7 @@ class Heartbeat:
             if not recv.Test():
                 time.sleep(1e-3)
             else:
-                recv = self.comm.Irecv(inbox, source=pred, tag=TAG) if inbox[0] != BYE else None
+                recv = self._next(inbox, pred)
         while not all(r.Test() for r, _ in sending) and time.monotonic() < end:
             time.sleep(1e-3)  # the successor takes every beat up to this rank's BYE
         return recv is None and all(r.Test() for r, _ in sending)
