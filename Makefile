@@ -1,7 +1,7 @@
 # Two commands on a fresh machine with Python 3.11, pip and apt:
 #   make run       set up .venv, run the fast default workflow (config/config.yaml: every figure in
 #                  about 15 minutes on 2 cores) end to end and build its HTML report (results/report.html)
-#   make run-full  the same with the whole study (config/full.yaml: about an hour on 2 cores)
+#   make run-full  the same with the whole study (config/full.yaml: about 75 minutes on 2 cores)
 #   make test      set up .venv and run the quick test suite (everything but the tests marked slow,
 #                  with one short end-to-end workflow run)
 #   make test-all  every test: also the long end-to-end runs (the test grid's workflow, Slurm where
@@ -60,7 +60,7 @@ horovod:
 test-notf:
 	bash .ci/notf-venv
 	.venv-notf/bin/pytest -m "not workflow" tests/test_backend.py tests/test_frameworks.py tests/test_keys.py \
-	  tests/test_serve.py tests/test_serve_schedule.py tests/test_serve_mesh.py
+	  tests/test_serve.py tests/test_serve_schedule.py tests/test_serve_mesh.py tests/test_gpu_benchmarks.py
 	.venv-notf/bin/pytest tests/test_decode_cache.py -k "not tf and not cached_pixels and not users_preprocess"
 
 test-horovod: horovod

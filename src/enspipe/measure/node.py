@@ -59,7 +59,7 @@ class NodeMonitor:
         explicit = [s for s in names if s in self.unavailable and requested != ("auto",)]
         if explicit:
             raise power.PowerUnavailable(f"--power {explicit[0]} on {host}: {self.unavailable[explicit[0]]}")
-        self.power = power.PowerMonitor(counters, interval=min(0.5, interval)).start() if counters else None
+        self.power = power.PowerMonitor(counters, interval=power.COUNTER_INTERVAL).start() if counters else None
         self.cpu = cpumon.CpuMonitor(out_dir, host, cpu_source, interval) if cpu_source else None
 
     def mark(self, name: str, t: float | None = None) -> None:

@@ -1,0 +1,39 @@
+#!/bin/bash
+# The GPU machine's measurements in one command (docs/results-gpu.md has the tables), on a
+# PyTorch-only node with no package registry: Python 3.12 with torch, torchvision, OpenCV, Pillow,
+# numpy, psutil and nvidia-ml-py; no TensorFlow. Carry the wheels it lacks in .whl/ (docs/library.md):
+#
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
+#     -d .whl mpich==5.0.2 mpi4py==4.1.2 google-crc32c jsonschema jsonschema-specifications referencing rpds-py
+#   WHEELS=.whl OUT=results/gpu bash benchmarks/gpu.sh    # on the GPU node, in the repository's root
+#
+# They go into the node's own Python environment (its MPICH's mpiexec beside its python3), and
+# enspipe runs from src/. Each part has its own time limit, so a part that fails or overruns
+# leaves the others' results. Writes $OUT/gpu_rates.json, $OUT/gpu_cells.json, the NVML and
+# nvidia-smi logs and every cell's summary (summaries.tar.gz); the log goes to stdout.
+set -u
+OUT=${OUT:?set OUT to the folder for the results}
+mkdir -p "$OUT"
+PY=$(command -v python3)
+if [ -n "${WHEELS:-}" ]; then  # the carried wheels, into this Python's environment (a bare node's own)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --force-reinstall "$WHEELS"/*.whl || exit 1
+fi
+export PATH="$(dirname "$PY"):$PATH" PYTHONPATH="$PWD/src:$PWD/benchmarks" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,power.limit,memory.total --format=csv 2>&1
+echo "cpus: $(nproc); $(grep -m1 "model name" /proc/cpuinfo); RAPL: $(ls /sys/class/powercap 2>&1 | tr "\n" " ")"
+# rank 0 says for both (two ranks printing at once interleave their words on the one stdout)
+mpiexec -n 2 "$PY" -c "from mpi4py import MPI; c = MPI.COMM_WORLD; r = c.gather(c.rank); c.rank or print('mpi ranks', r, 'of', c.size, MPI.Get_library_version().split(chr(10))[0])" || exit 1
+"$PY" -c "import enspipe, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 1
+
+timeout "${RATES_SECONDS:-240}" "$PY" benchmarks/gpu_rates.py --out "$OUT/gpu_rates.json" \
+  --steps 20 --warmup 5 --repeats 2 --seconds 1.5 ${RATES_ARGS:-}
+echo "gpu_rates: exit $?"
+CELLS_OUT=${CELLS_OUT:-/tmp/gpu-cells}  # the cells' folders; what comes back is copied to $OUT
+timeout "${CELLS_SECONDS:-330}" "$PY" benchmarks/gpu_cells.py --out "$CELLS_OUT" --images 512 \
+  --steps 30 --warmup 3 --repeats 2 ${CELLS_ARGS:-}
+echo "gpu_cells: exit $?"
+for f in gpu_cells.json nvml_samples.csv nvidia_smi.csv enspipe_nvml_samples.json summaries.tar.gz; do
+  if [ -f "$CELLS_OUT/$f" ]; then cp "$CELLS_OUT/$f" "$OUT/"; fi
+done
+ls -la "$OUT"
