@@ -47,9 +47,10 @@ def _run(a: argparse.Namespace, fail: Fail) -> int:
     except ConfigError as e:
         fail(str(e))
     phases.mark("checked")
-    from enspipe.run.member import leave, own_tempdir, run
+    from enspipe.common import tempdirs
+    from enspipe.run.member import leave, run
 
-    own_tempdir()
+    tempdirs.own()
     return leave(run(cfg))
 
 
@@ -85,9 +86,10 @@ def _run_cells(a: argparse.Namespace, fail: Fail) -> int:
             return 2  # rank 0 says it
         fail(str(e))
     if a.in_job:
-        from enspipe.run.member import leave, own_tempdir
+        from enspipe.common import tempdirs
+        from enspipe.run.member import leave
 
-        own_tempdir()
+        tempdirs.own()
         return leave(run_in_job(cells, cfgs))
     launcher = shlex.split(a.launcher) if a.launcher else (["mpiexec", "-n", str(n)] if n > 1 else [])
     if launcher and launcher[0] == "mpiexec" and not shutil.which("mpiexec"):  # the venv's, where it is not on PATH

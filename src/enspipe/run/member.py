@@ -81,29 +81,16 @@ def _say_refused(rank: int, e: ConfigError) -> None:
         print(f"enspipe run: error: {e}", file=sys.stderr, flush=True)
 
 
-_OWN_TEMPDIR: list[str] = []
-
-
-def own_tempdir() -> None:
-    """Give this process a temporary folder of its own (``tempfile``'s default; TensorFlow's
-    autograph writes a module there for each function it converts), removed by :func:`leave`,
-    whose ``os._exit`` skips the ``atexit`` handlers that would remove those files (17 per rank
-    and cell were left in /tmp)."""
-    import tempfile
-
-    _OWN_TEMPDIR.append(tempfile.mkdtemp(prefix="enspipe-rank-"))
-    tempfile.tempdir = _OWN_TEMPDIR[-1]
-
-
 def leave(rc: int) -> int:
     """End the cell's process now that its outputs are written: MPI finalized, its own temporary
-    folder removed, then out without Python's slow teardown of TensorFlow's modules and threads (a
-    second per cell). Returns only where MPI never started (an error before it)."""
+    folder removed (:mod:`enspipe.common.tempdirs`), then out without Python's slow teardown of
+    TensorFlow's modules and threads (a second per cell). Returns only where MPI never started (an
+    error before it)."""
     import os
-    import shutil
 
-    for folder in _OWN_TEMPDIR:
-        shutil.rmtree(folder, ignore_errors=True)
+    from enspipe.common import tempdirs
+
+    tempdirs.remove_own()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized():
         return rc
