@@ -40,7 +40,7 @@ def tiny_profile(dataset, tmp_path_factory):
     args = ["profile", "--network", "tiny", "--data", dataset, "--cache", cache, "--accelerators", "1,2",
             "--batch-size", 8, "--steps", 4, "--image-size", 32, "--", "--warmup", 2, "--cpu-monitor", "none"]
     r = enspipe(*args)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     (path,) = cache.glob("tiny_32px_b8_*.json")
     return path, args
 
@@ -106,7 +106,24 @@ def bad_jpeg_dataset(tmp_path_factory):
     return str(root), f"{m.files[0]}:3"
 
 
+NOISE = ("oneDNN custom operations are on", "All log messages before absl::InitializeLog()")
+
+
+def said(r: subprocess.CompletedProcess, chars: int = 3000) -> str:
+    """A failed command's last words for an assertion message: its exit status, then the tails of
+    its stderr and stdout without TensorFlow's start-up lines (a rank each, which can fill the tail)."""
+    def tail(text):
+        return "\n".join(line for line in (text or "").splitlines() if not any(n in line for n in NOISE))[-chars:]
+
+    return f"exit status {r.returncode}\n--- stderr ---\n{tail(r.stderr)}\n--- stdout ---\n{tail(r.stdout)}"
+
+
+def events(out, rank: int = 0) -> list[dict]:
+    """Every event one rank of a cell logged, in order (its events.rankNNNN.jsonl)."""
+    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
 def step_values(out, rank: int, key: str = "batch_digest") -> list:
     """``key`` of every step event of one rank, in order (batch digests, checksums, ...)."""
-    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
-        return [e[key] for e in map(json.loads, f) if e["event"] == "step"]
+    return [e[key] for e in events(out, rank) if e["event"] == "step"]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import enspipe, manifest, step_values, summary, with_option
+from conftest import enspipe, events, manifest, said, step_values, summary, with_option
 
 from enspipe.measure.stages import STAGES
 
@@ -34,7 +34,7 @@ def _cells():
 def test_exactly_once_for_every_member(dataset, tmp_path, n, scheme, p):
     extra = ["--preprocessors", p] if p else []
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", scheme, *extra, *COMMON, n=n)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s, want = summary(tmp_path), manifest(dataset)["digest"]
     assert (s["scheme"], s["n"], len(s["ranks"])) == (scheme, n, n)
     assert s["cell"] == {"network": s["network"], "scheme": scheme, "n": n, "p": p or n, "cores": "1",
@@ -59,7 +59,7 @@ def test_shared_batches_equal_a_single_members(dataset, tmp_path):
     """Stateless per-element seeds: All-Shared over 3 ranks delivers the very batches one rank makes."""
     one = enspipe("run", "--data", dataset, "--out", tmp_path / "one", "--scheme", "all_shared", *COMMON, n=1)
     three = enspipe("run", "--data", dataset, "--out", tmp_path / "three", "--scheme", "all_shared", *COMMON, n=3)
-    assert one.returncode == 0 and three.returncode == 0, three.stderr[-2000:]
+    assert one.returncode == 0 and three.returncode == 0, said(three)
     assert step_values(tmp_path / "one", 0) == step_values(tmp_path / "three", 2)
 
 
@@ -77,7 +77,7 @@ def test_units_deliver_the_batches_one_at_a_time_does(dataset, tmp_path, scheme,
     for block in ("1", "32"):
         out = tmp_path / block
         r = enspipe("run", "--data", dataset, "--out", out, "--block-images", block, *common, n=2)
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         runs[block] = out
         assert summary(out)["unit_batches"] == (1 if block == "1" else 4 * (p or 2))
     for rank in range(2):
@@ -96,7 +96,7 @@ def test_skipped_records_shorten_one_block_and_every_member_agrees(bad_jpeg_data
     data, key = bad_jpeg_dataset
     extra = ["--preprocessors", p] if p else []
     r = enspipe("run", "--data", data, "--out", tmp_path, "--scheme", scheme, *extra, "--skip-corrupt", *COMMON, n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     ranks = summary(tmp_path)["ranks"]
     assert all(rank["epochs"][0]["count"] == 11 and rank["epochs"][0]["missing"] == 1 for rank in ranks)
     skipped = [k for rank in ranks for k in rank["skipped"]]  # by whichever rank preprocessed it, once per epoch
@@ -125,22 +125,47 @@ def test_a_member_that_waited_at_the_warm_ups_agreement_drains_its_stock_before_
     the member waiting for it at warm-up's agreement, stock their queues meanwhile, and full queues
     look like a consumer that sets the pace. A window opened then delivered that stock without
     counting its preprocessing (balance 0.75 here; a 4-member baseline on 2 cores: 0.83-0.90). The
-    steps run after the agreement draw it down first."""
+    steps run after the agreement draw it down first. What is left is the unit in flight (the
+    preprocess stage's call: 4 batches of 8 here, 1 batch at 64), which a member that waits for
+    the others to open the window finishes while it waits."""
     args = with_option(with_option(with_option(COMMON, "--steps", 40), "--warmup", 3), "--image-size", 160)
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "baseline", *args, n=2,
                 env={"ENSPIPE_INJECT_FAULT": "1:2:stall"}, timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = summary(tmp_path)
     assert s["window"]["drain_steps"] > 0 and s["window"]["steady"]
-    for rank in s["ranks"]:  # each window preprocessed what it delivered, give or take the batch in flight
-        assert abs(rank["images_preprocessed"] - rank["images"]) <= 8, rank
+    for rank in s["ranks"]:  # each window preprocessed what it delivered, give or take the unit in flight
+        assert abs(rank["images_preprocessed"] - rank["images"]) <= 8 * s["unit_batches"], rank
+
+
+def test_a_member_whose_window_ended_makes_nothing_while_it_waits_for_the_others(dataset, tmp_path):
+    """The members' windows are one window on the node's clock: they open together, and a member
+    whose window ended first (rank 1 stalls 2 s in its last step) pauses its read and preprocess
+    stages until every window has ended. Its queues, not far from empty in a preprocessing-bound
+    cell, stay where they were (give or take the item each stage held); producers that ran on
+    filled them, work the node's clock counted and the member's own did not."""
+    args = [*with_option(COMMON, "--image-size", 96), "--sample-interval", "0.05"]
+    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "baseline", *args, n=2,
+                env={"ENSPIPE_INJECT_FAULT": "1:6:stall"}, timeout=120)
+    assert r.returncode == 0, said(r)
+    ev = events(tmp_path, 0)
+    start, end, stopped = (next(e["t"] for e in ev if e["event"] == k) for k in ("measure_start", "measure_end",
+                                                                                 "stopped"))
+    other_start = next(e["t"] for e in events(tmp_path, 1) if e["event"] == "measure_start")
+    assert abs(other_start - start) < 0.5  # opened together
+    occupancy = [e for e in ev if e["event"] == "occupancy"]
+    at_end = [e for e in occupancy if e["t"] <= end][-1]
+    waiting = [e for e in occupancy if end < e["t"] < stopped]
+    assert stopped - end > 1.5 and len(waiting) >= 10, (stopped - end, len(waiting))
+    for q in ("preprocessing", "exchange"):
+        assert max(e[q] for e in waiting) <= at_end[q] + 1, (q, at_end, waiting)
 
 
 def test_measurement_outputs_of_a_shared_cell(dataset, tmp_path):
     """mpstat log, CPU table, node CPU-seconds and a labelled (modelled) energy figure."""
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared",
                 *with_option(with_option(COMMON, "--steps", 40), "--cpu-monitor", "auto"), n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = summary(tmp_path)
     host = s["ranks"][0]["host"]
     mpstat = shutil.which("mpstat") is not None

@@ -272,7 +272,8 @@ def reduction_finding(df, t):
     text = f"n={t12['n'].max()}: " + _fmt(red, "x") + "; process CPU: " + _fmt(_by_network(t12, "reduction_process"), "x")
     above = t12[tables.flag(t12, "exceeds_ceiling")]
     if len(above):
-        return Verdict(text, False, "reduction above n on the cells' process CPU (a measuring error) in: " + ", ".join(
+        return Verdict(text, False, "reduction above n, a measuring error (the invariant's row names the clock), "
+                                    "in: " + ", ".join(
             f"{r.network} n={r.n} cores {r.cores} ({r.reduction:.2f}x node / {r.reduction_process:.2f}x process)"
             for r in above.itertuples()) + node_cpu_gaps(df))
     node_only = t12[tables.flag(t12, "exceeds_ceiling_node")]

@@ -6,7 +6,8 @@ then, read top to bottom in :func:`_run_member`:
 1. warm-up: unmeasured steps until every member's pipeline is in its steady state (at least
    ``--warmup`` steps; decided together, so every member opens its window at the same step,
    then as many as draw down what waiting there stocked);
-2. the measured window: ``--steps`` steps, the producers running throughout;
+2. the measured window: ``--steps`` steps, opened by every member at once (its producers paused
+   while it waits) and ended with them paused until every member's has;
 3. the producers stop together and what they made beyond the window is discarded;
 4. rank 0 gathers the per-rank reports and the node monitors' integrals and writes
    ``summary.json``, last and atomically.
@@ -207,7 +208,7 @@ def _run_member(cfg: RunConfig, comm, scheme, progress: dict) -> int:
     progress["stage"] = "warm-up"
     warm = warm_up(cfg, comm, job.member)  # until every pipeline is in its steady state
     phases.mark("warm_up")
-    window = measure(job, warm)  # cfg.measure.steps steps, the producers running throughout
+    window = measure(job, warm)  # cfg.measure.steps steps, opened together
     phases.mark("window")
     progress["stage"] = "stopping the producers"
     discarded = stop(job)  # together (their collectives must match), discarding what is left

@@ -184,6 +184,8 @@ class Pipeline:
         self.queues = {name: queue.Queue(queue_depth) for name in QUEUES}
         self.depth = queue_depth
         self.stop = threading.Event()
+        self._running = threading.Event()  # cleared: the read and preprocess stages take no new work (pause)
+        self._running.set()
         self.failure: tuple[str, BaseException, str] | None = None
         self._skipped: list[tuple[int, int, str]] = []  # (global batch, epoch, key) of each skipped record
         self.samples: list[tuple[float, int, int, int]] = []
@@ -215,6 +217,17 @@ class Pipeline:
                 return self.queues[name].get(timeout=0.2)
             except queue.Empty:
                 continue
+
+    def _wait_running(self) -> None:
+        """Return once the producing stages may take new work (see :meth:`pause`)."""
+        while not self._running.wait(0.2):
+            if self.stop.is_set():
+                raise Stopped
+
+    def _take(self, name: str):
+        """A producing stage's next item, once it may take new work."""
+        self._wait_running()
+        return self._get(name)
 
     def _stage(self, name: str, fn, cleanup=None) -> threading.Thread:
         """The stage's thread; ``cleanup`` runs in it once the pipeline has stopped."""
@@ -257,6 +270,7 @@ class Pipeline:
     def _read(self) -> None:
         it = self._slices()
         while True:
+            self._wait_running()
             t = time.perf_counter()
             try:
                 item = next(it)
@@ -279,7 +293,7 @@ class Pipeline:
         slice_len = self.share[1] - self.share[0]
         self._prep_engine = self._engine()  # closed by close(), so its pool threads' CPU stays visible
         try:
-            for raw, images, meta, took in self._prep_engine.run(lambda: self._get("preprocessing")):
+            for raw, images, meta, took in self._prep_engine.run(lambda: self._take("preprocessing")):
                 if self.skip_corrupt:
                     images, meta = self._drop_skipped(raw, images, meta)
                 self.preprocessed += len(meta)
@@ -360,6 +374,15 @@ class Pipeline:
         names = QUEUES if self.is_preprocessor else ("compute",)
         return all(self.queues[q].qsize() >= self.depth for q in names)
 
+    def pause(self) -> None:
+        """Let the read and preprocess stages finish what they hold but take no new work: a member
+        waiting for the others (its window's start, or their ends) stocks no more than that."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        """Let the read and preprocess stages take new work again (after :meth:`pause`)."""
+        self._running.set()
+
     def freeze(self) -> int:
         """Let the exchange stage finish the step it is in but begin no other; returns how many
         steps it has begun (the members then agree on the largest, see :meth:`finish`)."""
@@ -398,6 +421,7 @@ class Pipeline:
         """Stop the stages; with a decode cache, free it once they have ended (collective over the
         node's members, as every member closes its pipeline)."""
         self.stop.set()
+        self._running.set()
         with self._cond:
             self._cond.notify_all()
         for t in self._threads:

@@ -221,6 +221,12 @@ class ServicePipeline:
     def skipped(self, batches: int) -> dict:
         return {}  # corrupt records cannot be skipped and counted in the service's graph (refused up front)
 
+    def pause(self) -> None:
+        pass  # the service's workers run on; a member only reads what they made
+
+    def resume(self) -> None:
+        pass
+
     def freeze(self) -> int:
         return 0
 

@@ -1,6 +1,12 @@
 """A cell's warm-up and measured window: unmeasured steps until every member's pipeline is
 steady (decided together), a drain, then ``--steps`` measured steps with CPU, stage, exchange and
-energy readings at the window's edges, and the producers stopped together."""
+energy readings at the window's edges, and the producers stopped together.
+
+Every member's window opens at once (a quiet barrier, its producers paused while it waits), and a
+member's producers pause as its window ends, until every window has. So the members' windows are
+one window on the node's clock too: the node's CPU over the job's window counts no member's work
+outside its own (a baseline's independent members otherwise open up to seconds apart, and run on
+after their last step, filling their queues)."""
 from __future__ import annotations
 
 import time
@@ -115,14 +121,26 @@ def count_ranks(comm, value: int) -> int:
     return allreduce_quietly(comm, value, MPI.SUM)
 
 
+def open_together(comm, pipeline) -> None:
+    """Wait for every member to reach its window (a barrier that sleeps), taking no new work
+    meanwhile: the producers pause until all are there (finishing only the unit they hold)."""
+    pipeline.pause()
+    all_ranks(comm, True)
+    pipeline.resume()
+
+
 def stop_producers(comm, pipeline) -> int:
     """Stop every member's exchange stage at the same step (the largest any has begun), so its
-    collectives all complete, and discard the batches no one will consume; returns how many."""
+    collectives all complete, and discard the batches no one will consume; returns how many. The
+    producers, paused at the window's end, run again once every member has agreed (every window
+    has ended): the steps still to complete may need what they make."""
     from mpi4py import MPI
 
     from enspipe.exchange.base import allreduce_quietly
 
-    pipeline.finish(allreduce_quietly(comm, pipeline.freeze(), MPI.MAX))
+    steps = allreduce_quietly(comm, pipeline.freeze(), MPI.MAX)
+    pipeline.resume()
+    pipeline.finish(steps)
     return pipeline.drain()
 
 
@@ -132,6 +150,7 @@ def measure(job: Job, warm: "Warmup") -> Window:
     from enspipe.measure import threadcpu
 
     slurm_j0 = read_slurm(job.slurm)  # an sstat subprocess: before the window opens
+    open_together(job.comm, job.pipeline)
     t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
     ticks0 = threadcpu.process_ticks()
     comm0, prep0, clock0 = job.transport.stats.as_dict(), job.pipeline.preprocessed, job.pipeline.clock.snapshot()
@@ -148,6 +167,7 @@ def measure(job: Job, warm: "Warmup") -> Window:
                 count_ranks(job.comm, job.member.training_after(step)) < job.cfg.lives.stop_below:
             stopped_early = True  # too few accelerators would stay busy: the plan goes on without this run
             break
+    job.pipeline.pause()  # until every window has ended (stop_producers)
     seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
     ticks1 = threadcpu.process_ticks()
     tick_cpu_seconds = ticks1 - ticks0 if ticks0 is not None and ticks1 is not None else None
