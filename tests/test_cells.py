@@ -4,7 +4,7 @@ import json
 import os
 
 import pytest
-from conftest import enspipe, manifest, summary
+from conftest import enspipe, manifest, said, summary
 
 CELL = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--warmup", "0", "--cores", "1",
         "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
@@ -22,7 +22,7 @@ def test_a_job_of_cells_gives_each_its_own_summary_exactly_once(dataset, tmp_pat
     cells = [("as", ["--scheme", "all_shared", "--steps", "14"]), ("base", ["--scheme", "baseline", "--steps", "7"]),
              ("sb", ["--scheme", "single_broadcast", "--preprocessors", "1", "--steps", "14"])]
     r = enspipe("run-cells", _spec(tmp_path, dataset, cells))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "3 of 3 cells ran in shared jobs" in r.stdout
     want = manifest(dataset)["digest"]
     for i, (name, _) in enumerate(cells):
@@ -66,6 +66,15 @@ def test_a_failed_cell_fails_only_itself(dataset, tmp_path):
     assert (tmp_path / "breaks" / "error.rank0001.txt").exists()
 
 
+def test_a_cell_whose_rank_dies_in_native_code_leaves_its_python_stack(dataset, tmp_path):
+    """As in ``enspipe run`` (tests/test_faults.py): a segmentation fault fails the cell, and the
+    rank's Python stacks reach stderr."""
+    r = enspipe("run-cells", _spec(tmp_path, dataset, [("crash", ["--scheme", "all_shared", "--steps", "7"])]),
+                env={"ENSPIPE_INJECT_FAULT": "1:3:crash"})
+    assert r.returncode != 0 and not (tmp_path / "crash" / "summary.json").exists()
+    assert "Fatal Python error: Segmentation fault" in r.stderr and "in inject" in r.stderr, said(r)
+
+
 @pytest.mark.slow
 def test_a_cell_measures_in_a_shared_job_as_it_does_alone(dataset, tmp_path):
     """CPU per delivered image of one cell, 3 times alone and 3 times second in a shared job,
@@ -77,13 +86,13 @@ def test_a_cell_measures_in_a_shared_job_as_it_does_alone(dataset, tmp_path):
     for rep in range(3):
         out = tmp_path / f"alone{rep}"
         r = enspipe("run", "--data", dataset, "--out", out, *CELL, *args, n=2)
-        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.returncode == 0, said(r)
         alone.append(summary(out)["cpu_seconds_total"] / sum(x["images"] for x in summary(out)["ranks"]))
         job = tmp_path / f"job{rep}"
         job.mkdir()
         r = enspipe("run-cells", _spec(job, dataset, [("warm", ["--scheme", "baseline", "--steps", "7"]),
                                                       ("cell", args)]))
-        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.returncode == 0, said(r)
         s = summary(job / "cell")
         shared.append(s["cpu_seconds_total"] / sum(x["images"] for x in s["ranks"]))
     spread = max(max(v) / min(v) - 1 for v in (alone, shared))

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from conftest import MPIEXEC, enspipe, summary, with_option
+from conftest import MPIEXEC, enspipe, events, said, summary, with_option
 
 BASE = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
         "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
@@ -55,8 +55,7 @@ def _shard(data, i=0) -> str:
 
 
 def _skipped_events(out) -> list[dict]:
-    with open(os.path.join(out, "events.rank0000.jsonl")) as f:
-        return [e for e in map(json.loads, f) if e["event"] == "skipped"]
+    return [e for e in events(out) if e["event"] == "skipped"]
 
 
 # -- damaged data ----------------------------------------------------------------------------------
@@ -77,7 +76,7 @@ def test_on_corrupt_skip_skips_and_counts_only_what_is_lost(dataset, tmp_path, w
     _damage(shard, 3, where)
     in_shard = _manifest(data)["shards"][0]["num_records"]
     r = enspipe("run", "--data", data, "--out", tmp_path / "o", "--on-corrupt", "skip", *BASE)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     rank = summary(tmp_path / "o")["ranks"][0]
     name = os.path.basename(shard)
     lost = {f"{name}:3"} if where == "data" else {f"{name}:{i}" for i in range(3, in_shard)}
@@ -239,8 +238,18 @@ def test_a_killed_rank_0_leaves_no_summary_and_the_next_run_frees_its_shared_mem
     for f in left:  # as if the kill were a while ago (a segment younger than 5 s may be a starting job's)
         os.utime(os.path.join("/dev/shm", f), (time.time() - 60, time.time() - 60))
     r = enspipe("run", "--data", dataset, "--out", tmp_path / "next", "--scheme", "all_shared", *BASE, n=2)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     assert not left & _segments() and "orphaned MPICH shared-memory segments" in r.stderr
+
+
+@pytest.mark.mpi
+def test_a_rank_that_dies_in_native_code_leaves_its_python_stack(dataset, tmp_path):
+    """A segmentation fault (as a library's native code may die) fails the cell, and the rank's
+    Python stacks reach stderr (faulthandler), so the log says where it died."""
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--scheme", "all_shared", *BASE, n=2,
+                env={"ENSPIPE_INJECT_FAULT": "1:3:crash"}, timeout=120)
+    assert r.returncode != 0 and not (tmp_path / "o" / "summary.json").exists()
+    assert "Fatal Python error: Segmentation fault" in r.stderr and "in inject" in r.stderr, said(r)
 
 
 def test_only_segments_nobody_uses_are_reaped(tmp_path):
@@ -270,6 +279,34 @@ def test_only_segments_nobody_uses_are_reaped(tmp_path):
     assert reap_orphans(str(tmp_path)) == (2, 8192)  # nobody holds or maps those two any more
 
 
+OWN_TEMPDIR = "from enspipe.common import tempdirs; import time; print(tempdirs.own(), flush=True); time.sleep(120)"
+
+
+def test_only_killed_ranks_temporary_folders_are_reaped(tmp_path):
+    """A rank killed before it left (SIGKILL, a time limit) leaves its own temporary folder; the
+    next rank removes it, but never a live rank's, a young one or one that is not enspipe's."""
+    import signal
+
+    from enspipe.common.tempdirs import reap_killed
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    ranks = [subprocess.Popen([sys.executable, "-c", OWN_TEMPDIR], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    try:
+        killed, alive = (p.stdout.readline().strip() for p in ranks)
+        ranks[0].send_signal(signal.SIGKILL)
+        ranks[0].wait(timeout=30)
+        (tmp_path / "enspipe-rank-legacy").mkdir()  # no owner file: not judged
+        assert os.path.isdir(killed) and reap_killed(str(tmp_path)) == 0  # younger than a minute: may be starting
+        assert reap_killed(str(tmp_path), min_age_s=0) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["enspipe-rank-legacy", os.path.basename(alive)])
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait(timeout=30)
+    assert reap_killed(str(tmp_path), min_age_s=0) == 1 and not os.path.exists(alive)
+
+
 RING_END = r"""
 import sys, time
 from mpi4py import MPI
@@ -294,7 +331,7 @@ def test_the_heartbeat_ring_ends_with_every_beat_taken_and_no_cancel(tmp_path):
     script.write_text(RING_END)
     r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)], capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     assert r.stdout.count("ended True") == 3, r.stdout
 
 

@@ -99,10 +99,10 @@ def run_in_job(cells: list[CellSpec], cfgs: list) -> int:
     A failed cell aborts the job (:func:`enspipe.run.job.fail`)."""
     from enspipe.common.liveness import die_with_launcher
     from enspipe.run.affinity import available_cores, pin_process
-    from enspipe.run.member import reap_killed_jobs_segments, run_on
+    from enspipe.run.member import before_mpi, run_on
 
     die_with_launcher()
-    reap_killed_jobs_segments()
+    before_mpi()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

@@ -304,9 +304,9 @@ def job_rank(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_image
     communicator of their own while the others wait (quietly); ``default``: every rank takes the
     next member's round as it frees up (claimed by creating its directory), alone on its own
     communicator. Returns the exit status; a failed round aborts the job."""
-    from enspipe.run.member import reap_killed_jobs_segments
+    from enspipe.run.member import before_mpi
 
-    reap_killed_jobs_segments()
+    before_mpi()
     from mpi4py import MPI
 
     from enspipe.plan.run_options import parse_run_args

@@ -38,7 +38,7 @@ def run(cfg: RunConfig) -> int:
     place = launched()
     if place is not None and _refused(cfg, *place):  # before MPI: a job whose ranks all exit 2 exits 2
         return 2
-    reap_killed_jobs_segments()
+    before_mpi()
     from mpi4py import MPI
 
     phases.mark("mpi_init")
@@ -102,11 +102,16 @@ def leave(rc: int) -> int:
     os._exit(rc)
 
 
-def reap_killed_jobs_segments() -> None:
-    """Before MPI starts: free /dev/shm of the segments killed jobs left (see
+def before_mpi() -> None:
+    """Every cell rank's start, before MPI (``enspipe run``, ``run-cells``, an in-job arm): a rank
+    that dies in native code (a signal) leaves its Python stacks on stderr (:mod:`faulthandler`),
+    and /dev/shm is freed of the segments killed jobs left (see
     :func:`enspipe.exchange.shm.reap_orphans`), saying so."""
+    import faulthandler
+
     from enspipe.exchange.shm import reap_orphans
 
+    faulthandler.enable()
     count, size = reap_orphans()
     if count:
         print(f"enspipe: removed {count} orphaned MPICH shared-memory segments ({size / 2**20:.0f} MiB) from "

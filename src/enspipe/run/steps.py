@@ -125,8 +125,9 @@ class Look(NamedTuple):
 
 
 def injected_fault(rank: int) -> tuple[int, str] | None:
-    """Fault injection for the fault-tolerance tests: ``ENSPIPE_INJECT_FAULT=rank:step:raise|kill|stall``
-    (stall: a straggler, its consumer stopped for 2 s while its producers run on)."""
+    """Fault injection for the fault-tolerance tests: ``ENSPIPE_INJECT_FAULT=rank:step:raise|kill|crash|stall``
+    (crash: a segmentation fault, as native code dies; stall: a straggler, its consumer stopped for
+    2 s while its producers run on)."""
     spec = os.environ.get("ENSPIPE_INJECT_FAULT")
     if not spec:
         return None
@@ -142,4 +143,8 @@ def inject(kind: str, step: int) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "crash":
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
     raise RuntimeError(f"injected fault at step {step}")
