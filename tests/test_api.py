@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import EVERY_SCHEME, MPIEXEC, enspipe, step_values
+from conftest import EVERY_SCHEME, MPIEXEC, enspipe, said, step_values
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -97,7 +97,7 @@ def test_kept_batches_never_change(dataset, tmp_path, scheme, p, shm):
     a ring of 2 + 1 + unit slots), and still equals its checksum taken when it came."""
     r, res = members("keep", 2, tmp_path, data=dataset, batch_size=10, image_size=32, scheme=scheme,
                      preprocessors=p, node_shm=shm, queue_depth=2, block_images=1, steps=15)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     _kept_unchanged(res, scheme, shm)
 
 
@@ -120,12 +120,12 @@ def test_the_library_delivers_the_batches_enspipe_run_does(dataset, tmp_path, sc
     steps = 8
     r, res = members("checksums", 2, tmp_path, data=dataset, batch_size=12, image_size=32, scheme=scheme,
                      preprocessors=p, steps=steps)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     out = tmp_path / "cell"
     run = enspipe("run", "--data", dataset, "--out", out, "--scheme", scheme, "--batch-size", 12, "--image-size", 32,
                   "--warmup", 0, "--steps", steps, "--batch-checksums", "--consumer", "peak", "--cpu-monitor", "none",
                   *(["--preprocessors", p] if p else []), n=2)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, said(run)
     for rank in range(2):
         assert [x["first"] for x in res[rank]["rows"]] == step_values(out, rank, "batch_checksum")[:steps]
 
@@ -134,7 +134,7 @@ def test_the_library_delivers_the_batches_enspipe_run_does(dataset, tmp_path, sc
 def test_a_user_preprocess_goes_on_the_wire_as_it_returns_and_kept_batches_never_change(dataset, tmp_path):
     r, res = members("keep", 2, tmp_path, data=dataset, batch_size=10, preprocess="gray40", scheme="all_shared",
                      node_shm=False, queue_depth=2, block_images=1, steps=15)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert res[0]["spec"] == [[40, 40, 1], "uint8"]
     assert {(tuple(x["shape"]), x["dtype"]) for m in res for x in m["rows"]} == {((10, 40, 40, 1), "uint8")}
     _kept_unchanged(res, "all_shared", False)
@@ -167,7 +167,7 @@ def _example(data, out, n: int, *extra, env: dict | None = None) -> list[dict]:
                         "--data", data / "train", "--validation-data", data / "val", "--out", out,
                         "--epochs", "3,1,2", "--image-size", "32", *extra], capture_output=True, text=True,
                        timeout=400, env={**os.environ, **(env or {})})
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     return [json.loads((out / f"member{k}" / "result.json").read_text()) for k in range(3)]
 
 
@@ -224,7 +224,7 @@ def test_a_rank_trains_its_members_on_every_batch(dataset, tmp_path):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--network", "tiny", "--consumer", "train",
                 "--members-per-rank", 2, "--scheme", "all_shared", "--image-size", 32, "--batch-size", 10,
                 "--warmup", 1, "--steps", 5, "--cpu-monitor", "none", "--lr", "0.01,0.05", n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["members_per_rank"] == 2 and [x["members"] for x in s["ranks"]] == [[0, 1], [2, 3]]
     assert all(x["loss_last"] is not None and x["max_rss_bytes"] > 0 for x in s["ranks"])
@@ -238,7 +238,7 @@ def test_the_numpy_example_trains_without_keras(tmp_path):
     r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, os.path.join(ROOT, "examples", "numpy_softmax.py"),
                         "--data", tmp_path / "train", "--epochs", "2", "--batch-size", "16"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     for m in range(2):  # (mpiexec may join two ranks' lines: search, do not split)
         losses = [float(x) for x in re.findall(rf"member {m}: epoch \d loss (\d+\.\d{{4}})", r.stdout)]
         assert len(losses) == 2 and losses[-1] < losses[0], r.stdout
@@ -256,7 +256,7 @@ def test_scheme_auto_runs_the_plans_choice(dataset, tmp_path):
                                                              "rc": 100.0, "rc_source": "test"}}}))
     r, res = members("keep", 3, tmp_path, data=dataset, batch_size=12, image_size=32, scheme="auto",
                      calibration=str(rates), network="alexnet_v2", accelerator_rate=100.0, steps=5)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     planned = res[0]["planned"]
     assert planned["requested"] == "auto" and planned["scheme"] != "baseline"
     assert {m["scheme"] for m in res} == {planned["scheme"]} and all(m["planned"] == planned for m in res)

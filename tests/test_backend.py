@@ -10,7 +10,7 @@ from PIL import Image
 from enspipe.data import pixels
 from enspipe.data.order import NumpyOrder, canonical_numbers
 from enspipe.data.records import CYCLE, _interleaved, first_samples
-from conftest import EVERY_SCHEME, MPIEXEC
+from conftest import EVERY_SCHEME, MPIEXEC, said
 from test_api import members
 
 
@@ -155,7 +155,7 @@ def test_every_scheme_delivers_each_sample_once_without_tensorflow(dataset, tmp_
     """50 samples, batches of 10, 15 steps: three whole epochs on each of 3 members."""
     r, res = members("keep", 3, tmp_path, without_tf=True, data=dataset, batch_size=10, image_size=32,
                      scheme=scheme, preprocessors=p, steps=15, backend="pillow", wire_dtype="uint8")
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     _exactly_once(res, 3, 50, 3)
     assert res[0]["spec"] == [[32, 32, 3], "uint8"]
     if scheme != "baseline":  # one stream: the same batches on every member
@@ -170,7 +170,7 @@ def test_the_schemes_share_one_stream_of_the_same_images(dataset, tmp_path):
         (tmp_path / scheme).mkdir()
         r, res = members("keep", 2, tmp_path / scheme, without_tf=True, data=dataset, batch_size=10, image_size=32,
                          scheme=scheme, preprocessors=p, steps=6, backend="pillow")
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         runs[scheme] = [x["first"] for x in res[0]["rows"]]
     assert runs["all_shared"] == runs["single_broadcast"]
 
@@ -187,7 +187,7 @@ def test_an_image_folder_without_tensorflow_skips_and_counts_what_cannot_be_deco
     out.mkdir()
     r, res = members("keep", 2, out, without_tf=True, data=str(root), batch_size=13, image_size=32, steps=3,
                      backend="pillow", skip_corrupt=True, shuffle_buffer=0)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert [(e["count"], e["missing"]) for e in res[0]["epochs"]][:2] == [(12, 1), (12, 1)]
     r, _ = members("keep", 2, out, without_tf=True, data=str(root), batch_size=13, image_size=32, steps=2,
                    backend="pillow", shuffle_buffer=0)
@@ -243,18 +243,18 @@ def test_the_data_commands_and_a_measured_cell_run_without_tensorflow(tmp_path):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
     r = run("make-dataset", "--out", data, "--num-images", 40, "--seed", 2)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     made = json.loads((data / "manifest.json").read_text())
     (data / "manifest.json").unlink()
     r = run("index", "--data", data)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     assert json.loads((data / "manifest.json").read_text())["digest"] == made["digest"]
     for consumer in ("peak", "emulated"):
         out = tmp_path / consumer
         r = run("run", "--data", data, "--out", out, "--scheme", "all_shared", "--batch-size", 8, "--image-size", 32,
                 "--warmup", 1, "--steps", 5, "--consumer", consumer, *(["--rate", 400] if consumer == "emulated" else []),
                 "--cpu-monitor", "none", n=2)
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         s = json.loads((out / "summary.json").read_text())
         assert s["backend"] == "pillow" and s["versions"]["tensorflow"] is None and s["consumer"] == consumer
         assert s["delivery"]["exactly_once"] and s["delivery"]["skipped_samples"] == 0

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import enspipe, summary
+from conftest import enspipe, said, summary
 from enspipe.plan.ensemble import Ensemble, converged
 from enspipe.plan.errors import ConfigError
 
@@ -110,10 +110,10 @@ def resumed(dataset, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resumed")
     ck = tmp / "ck"
     r = _run(dataset, tmp / "r0", ck, [1, 2])
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     first = {"epochs": [_state(ck, m)["epochs"] for m in "ab"], "b_iterations": _iterations(str(ck / "b" / "ckpt-2"))}
     r = _run(dataset, tmp / "r1", ck, [2, 1])
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     return ck, first
 
 
@@ -134,7 +134,7 @@ def test_early_stopping_idles_a_member_and_the_run_ends_where_too_few_still_trai
     # min_delta 10: no epoch improves enough, so member b converges after 1 + patience epochs
     r = _run(dataset, tmp_path / "r", ck, [1, 5], "--validation-data", validation, "--member-patience", "0,1",
              "--min-delta", "10", "--stop-below", "1")
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     b = _state(ck, "b")
     assert b["converged"] and b["epochs"] == 2 and len(b["val_losses"]) == 2
     s = summary(tmp_path / "r")
@@ -221,7 +221,7 @@ def test_a_trained_fleet_arm_replans_when_a_member_converges_and_resumes_after_a
     assert kept >= before[-1]  # every epoch it had finished is in its checkpoint: it loses only the one it was in
     r = subprocess.run(_arm(spec, dataset, out, validation, in_job=in_job), capture_output=True, text=True,
                        timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     rec = json.loads((out / "ensemble.json").read_text())
     assert rec["interrupted_rounds"] and not rec["emulated"] and rec["in_job"] is in_job
     assert any(d.endswith(".interrupted") for d in os.listdir(out))
@@ -275,7 +275,7 @@ def test_a_batch_multiplier_is_one_update_on_the_batches_together(dataset, tmp_p
         r = enspipe("run", "--data", dataset, "--out", tmp_path / f"out-{name}", "--consumer", "train", "--batch-size",
                     batch, "--warmup", 0, "--steps", IMAGES // batch, "--member-epochs", 1, "--member-names", "a",
                     "--checkpoint-dir", ck, "--member-batch-multipliers", k, "--lr", "0.1", *TINY, n=1)
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         reader = tf.train.load_checkpoint(str(ck / "a" / "ckpt-1"))
         weights = [v for v in reader.get_variable_to_shape_map()  # Keras 3 tracks them through its optimizer
                    if v.startswith("optimizer/_trainable_variables/")]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import enspipe
+from conftest import enspipe, said
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.config import RunConfig
 from enspipe.plan.schemes import AUTO, MAX_UNIT_BATCHES, SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups
@@ -263,4 +263,4 @@ def test_a_process_imports_only_what_it_uses_of_tensorflow_keras_pandas_and_matp
             "import tensorflow as tf, keras, pandas\n"
             "assert tf.keras.layers.Dense is keras.layers.Dense and pandas.DataFrame\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)

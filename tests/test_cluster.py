@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import enspipe, manifest, slurm_nodes, step_values, summary
+from conftest import enspipe, manifest, said, slurm_nodes, step_values, summary
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 NODE = os.path.join(ROOT, ".ci", "slurm-node")
@@ -54,7 +54,7 @@ def test_a_cell_spans_separate_hosts_with_the_one_node_batches(dataset, tmp_path
     out, ref = tmp_path / "cluster", tmp_path / "one"
     r = subprocess.run(_srun(nodes, per_node, _cell_args(dataset, out, scheme, 10, "--batch-checksums")),
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = summary(out)
     hosts = [x["host"] for x in s["ranks"]]
     assert len(set(hosts)) == nodes and all(hosts.count(h) == per_node for h in set(hosts))
@@ -68,7 +68,7 @@ def test_a_cell_spans_separate_hosts_with_the_one_node_batches(dataset, tmp_path
     whole = [e for x in s["ranks"] for e in x["epochs"] if not e.get("partial")]
     assert whole and all(e["count"] == manifest(dataset)["num_images"] and e["missing"] == 0 for e in whole)
     r = enspipe(*_cell_args(dataset, ref, scheme, 10, "--batch-checksums", "--no-node-shm"), n=nodes * per_node)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     for rank in range(nodes * per_node):
         steps = 2 + 10  # warm-up and measured: drain steps past them may differ in number
         assert step_values(out, rank, "batch_checksum")[:steps] == step_values(ref, rank, "batch_checksum")[:steps]
@@ -121,7 +121,7 @@ def test_a_lost_node_fails_the_cell_and_a_rerun_completes(dataset, tmp_path, fau
     rerun = tmp_path / "rerun"
     args = _cell_args(dataset, rerun, "all_shared", 10)
     r = subprocess.run(_srun(3, 1, args[:args.index("--peer-timeout")]), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert len({x["host"] for x in summary(rerun)["ranks"]}) == 3
 
 

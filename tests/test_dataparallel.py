@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import enspipe, step_values, summary, with_option
+from conftest import enspipe, said, step_values, summary, with_option
 from enspipe.run.consumers import batch_slice
 
 COMMON = ["--network", "tiny", "--batch-size", "8", "--steps", "6", "--warmup", "0", "--cores", "1",
@@ -24,10 +24,10 @@ def test_a_batch_splits_into_contiguous_parts_in_order(size, g):
 @pytest.mark.slow
 def test_a_member_on_two_ranks_trains_as_one_rank_on_the_whole_batch(dataset, tmp_path):
     one = enspipe("run", "--data", dataset, "--out", tmp_path / "one", "--consumer", "train", "--lr", "0.05", *COMMON, n=1)
-    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.returncode == 0, said(one)
     two = enspipe("run", "--data", dataset, "--out", tmp_path / "two", "--consumer", "train", "--lr", "0.05",
                   "--scheme", "all_shared", "--data-parallel", "2", *COMMON, n=2)
-    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.returncode == 0, said(two)
     reference = step_values(tmp_path / "one", 0, "loss")
     assert len(reference) == 6 and len(set(reference)) > 1  # it trains: the loss moves
     for rank in (0, 1):  # both ranks saw the whole batch and report the member's loss
@@ -42,7 +42,7 @@ def test_two_emulated_members_of_two_ranks_each(dataset, tmp_path):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--consumer", "emulated", "--rate", "400",
                 "--scheme", "multi_broadcast", "--preprocessors", "2", "--data-parallel", "2",
                 "--slow-member", "1:2", *COMMON, n=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     ranks = summary(tmp_path)["ranks"]
     assert [x["member"] for x in ranks] == [0, 0, 1, 1]
     assert all(x["epochs"] == [] or x["epochs"][0]["missing"] == 0 for x in ranks)
@@ -72,7 +72,7 @@ def test_a_flotilla_of_members_with_their_own_rates_widths_and_epochs(dataset, t
     r = enspipe("run", "--data", dataset, "--out", tmp_path, *with_option(args, "--steps", 10), "--consumer",
                 "emulated", "--member-rates", "100,200,400", "--data-parallel", "1,2,1", "--member-epochs", "1,2,1",
                 "--scheme", "all_shared", n=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     ranks = summary(tmp_path)["ranks"]
     assert [x["member"] for x in ranks] == [0, 1, 1, 2]
     assert [x["trained_images"] for x in ranks] == [50, 100, 100, 50]
@@ -105,7 +105,7 @@ TRAIN = ["--consumer", "train", "--lr", "0.05", "--scheme", "all_shared", "--dat
 def whole(dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole")
     r = enspipe("run", "--data", dataset, "--out", out, *TRAIN, *COMMON, n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     return out
 
 
@@ -118,7 +118,7 @@ def test_block_exchanges_train_as_the_whole_all_reduce_step_by_step(dataset, tmp
              else ["--gradient-profile", request.getfixturevalue("tiny_profile")[0]])
     r = enspipe("run", "--data", dataset, "--out", tmp_path, *TRAIN, *COMMON, "--gradient-exchange", exchange, *extra,
                 n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     reference = step_values(whole, 0, "loss")
     assert len(reference) == 6 and len(set(reference)) > 1
     for rank in (0, 1):
@@ -135,7 +135,7 @@ def test_block_exchanges_train_as_the_whole_all_reduce_step_by_step(dataset, tmp
 def test_ako_exchanges_a_partition_a_step_and_says_its_replicas_differ(dataset, tmp_path, whole):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, *TRAIN, *COMMON, "--gradient-exchange", "ako",
                 "--ako-partitions", "4", n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = summary(tmp_path)
     assert "replicas differ" in s["gradient_exchange"] and "not an equivalent" in s["gradient_exchange"]
     losses = [step_values(tmp_path, rank, "loss") for rank in (0, 1)]

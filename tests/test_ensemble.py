@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import enspipe
+from conftest import enspipe, said
 from enspipe.plan.ensemble import ARMS, Ensemble, EnsembleMember, model_times, plan_rounds
 from enspipe.plan.errors import ConfigError
 
@@ -155,7 +155,7 @@ def test_a_fleet_arm_runs_its_rounds_and_a_killed_arm_resumes_without_redoing_on
     assert not (out / "ensemble.json").exists()
     kept = first.stat().st_mtime_ns
     r = subprocess.run(_ensemble(spec, dataset, out), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert first.stat().st_mtime_ns == kept  # the finished round was kept, not rerun
     rec = json.loads((out / "ensemble.json").read_text())
     assert rec["emulated"] and 0 in rec["resumed_rounds"] and rec["makespan_seconds"] is None
@@ -172,7 +172,7 @@ def test_the_default_arm_runs_members_side_by_side(dataset, tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
     r = subprocess.run(_ensemble(spec, dataset, tmp_path / "d", "default"), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     rec = json.loads((tmp_path / "d" / "ensemble.json").read_text())
     walls = sorted(x["wall"] for x in rec["rounds"])
     assert walls[1][0] < walls[0][1]  # the first two members ran at once, on the two accelerators
@@ -189,7 +189,7 @@ def test_an_arm_in_one_job_trains_the_same_epochs_with_one_launch(dataset, tmp_p
     cmd = _ensemble(spec, dataset, tmp_path / arm, arm)
     r = subprocess.run(cmd[:cmd.index("--")] + ["--in-job"] + cmd[cmd.index("--"):], capture_output=True, text=True,
                        timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     rec = json.loads((tmp_path / arm / "ensemble.json").read_text())
     assert rec["in_job"] and rec["launches"] == 1 and rec["makespan_seconds"] > 0
     assert len(rec["rounds"]) == len(plan_rounds(Ensemble.from_dict(fast), arm, 50)) \

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import enspipe, manifest, summary
+from conftest import enspipe, manifest, said, summary
 from quirky_folder import make_quirky_folder
 
 from enspipe.data.folders import accounted, list_folder
@@ -94,7 +94,7 @@ def _check_accounting(data_dir, m, expected):
 def test_convert_accounts_for_every_file_and_delivers_each_once(quirky, tmp_path):
     root, expected = quirky
     r = enspipe("convert", "--jpeg-dir", root, "--out", tmp_path / "s", "--images-per-shard", "5", "--workers", "2")
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     last = r.stdout.strip().splitlines()[-1]
     assert "18 images included, 8 files skipped" in last and str(tmp_path / "s" / "skipped.csv") in last and "--strict" in last
     m = manifest(tmp_path / "s")
@@ -117,7 +117,7 @@ def test_index_decodes_every_file_and_lists_what_it_left_out(quirky, tmp_path):
     data = tmp_path / "copy"
     shutil.copytree(root, data, symlinks=True)
     r = enspipe("index", "--data", data, "--workers", "1")
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     assert "18 images, 3 classes" in r.stdout and str(data / "skipped.csv") in r.stdout
     m = manifest(data)
     _check_accounting(data, m, expected)
@@ -132,9 +132,9 @@ def test_a_folder_given_to_a_two_member_cell_is_accounted_and_delivered_exactly_
     r = enspipe("run", "--data", root, "--out", tmp_path / "o", "--scheme", "all_shared", "--network", "tiny",
                 "--consumer", "peak", "--batch-size", "4", "--steps", "6", "--warmup", "0", "--image-size", "32",
                 "--on-corrupt", "skip", "--cpu-monitor", "none", n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    said = r.stdout + r.stderr
-    assert "19 images included, 7 files skipped (" in said and " and 3 ignored (1 hidden, 2 non image)" in said
+    assert r.returncode == 0, said(r)
+    text = r.stdout + r.stderr
+    assert "19 images included, 7 files skipped (" in text and " and 3 ignored (1 hidden, 2 non image)" in text
     s = summary(tmp_path / "o")
     assert s["dataset"]["accounting"]["included"] == 19
     assert {k for rank in s["ranks"] for k in rank["skipped_by_epoch"].get("0", [])} == {"dog/truncated.jpg"}
@@ -150,7 +150,7 @@ def test_the_library_says_what_it_left_out_and_delivers_each_once(quirky, tmp_pa
             "        pass\n"
             "    print('epoch 0:', s.epochs()[0]['count'], s.epochs()[0]['missing'], s.num_classes)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "epoch 0: 18 1 3" in r.stdout  # the truncated JPEG found at training, skipped and counted
     assert "19 images included, 7 files skipped (" in r.stderr and "and 3 ignored" in r.stderr
     assert "`enspipe index --data" in r.stderr and "skipped.csv" in r.stderr
@@ -201,7 +201,7 @@ def test_a_miniature_imagenet_converts_with_one_numbering(mini_imagenet, tmp_pat
                          ("slimval", ["--labels", root / "slim_val_labels.txt"])):
         src = root / ("train" if split == "train" else "val")
         r = enspipe("convert", "--jpeg-dir", src, "--out", tmp_path / split, "--split", split, *common, *extra)
-        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.returncode == 0, said(r)
         m = manifest(tmp_path / split)
         assert m["num_classes"] == 4 + first and m["numbering"] == numbering and m["classes"] == synsets
         loaded = load_manifest(str(tmp_path / split))
@@ -300,7 +300,7 @@ def test_an_interrupted_conversion_leaves_no_manifest_and_resumes(many, tmp_path
     complete = len(os.listdir(out / ".enspipe-convert"))
     assert 3 <= complete < 60
     r = enspipe(*cmd[3:])
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     reused = int(r.stdout.split(" complete shards reused")[0].rsplit("(", 1)[1])
     assert reused >= complete - 1  # a shard renamed as the kill came may lack its note: rewritten
     fresh = enspipe(*cmd[3:-4], "--out", tmp_path / "fresh", "--images-per-shard", "10", "--workers", "2")
@@ -343,7 +343,7 @@ def test_the_workflows_data_stage_converts_a_users_folder_and_reports_its_counts
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(_config("test") | {"dataset": {"path": root}}))
     r = snakemake("results/tables/dataset.csv", "--cores", "2", "--configfile", cfg, workdir=tmp_path / "wd")
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     with open(tmp_path / "wd" / "results" / "tables" / "dataset.csv", newline="") as f:
         rows = {(x["verdict"], x["reason"]): int(x["files"]) for x in csv.DictReader(f)}
     assert rows[("skipped", "undecodable")] == 2 and rows[("ignored", "hidden")] == 1

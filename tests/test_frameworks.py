@@ -3,7 +3,7 @@ every sample once per epoch, kept batches unchanged, no warnings, the same pixel
 import pytest
 
 from enspipe.api.frameworks import require_framework
-from conftest import EVERY_SCHEME, MPIEXEC
+from conftest import EVERY_SCHEME, MPIEXEC, said
 from test_api import members
 
 
@@ -12,7 +12,7 @@ def _run(mode: str, tmp_path, n: int = 2, **options):
     out.mkdir()
     r, res = members(mode, n, out, without_tf=True, batch_size=10, image_size=32, backend="pillow",
                      wire_dtype="uint8", epochs=2, **options)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert len(res) == n
     for m in res:
         assert m["warnings"] == []
@@ -98,7 +98,7 @@ def test_the_examples_train_three_members_each_sample_once_per_epoch(example_set
                         "--data", data / "train", "--validation-data", data / "val", "--out", out,
                         "--epochs", "3,1,2", "--image-size", "32", "--batch-size", "8"],
                        capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "Warning" not in r.stderr, r.stderr[-2000:]
     images = 60 if kind == "shards" else 48
     results = [json.loads((out / f"member{k}" / "result.json").read_text()) for k in range(3)]
@@ -132,7 +132,7 @@ def test_a_cell_trains_torch_members_on_every_scheme_exactly_once(dataset, tmp_p
                         "--network", "tiny", "--consumer", "train", "--batch-size", "10", "--image-size", "32",
                         "--wire-dtype", "uint8", "--warmup", "1", "--steps", "10", "--cpu-monitor", "none"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = json.loads((out / "summary.json").read_text())
     assert (s["backend"], s["consumer"], s["versions"]["tensorflow"]) == ("pillow", "train", None)
     assert s["trainer"] == "torch" and s["delivery"]["exactly_once"]
@@ -153,7 +153,7 @@ def test_calibrate_rc_times_torch_training_steps(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(here, "without_tf.py"), cli, "calibrate-rc", "--network", "tiny",
                         "--image-size", "32", "--steps", "5", "--warmup", "1", "--out", tmp_path / "rc.json"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     rc = json.loads((tmp_path / "rc.json").read_text())
     assert rc["trainer"] == "torch" and rc["rc"] > 0 and rc["device"] in ("CPU", "GPU") and rc["steps"] == 5
 

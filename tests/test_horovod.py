@@ -6,7 +6,7 @@ Runs where Horovod imports (``make horovod`` builds ``.venv-horovod``; ``make te
 """
 import pytest
 
-from conftest import enspipe, manifest, step_values, summary
+from conftest import enspipe, manifest, said, step_values, summary
 from enspipe.exchange.horovod import available
 
 OK, WHY = available()
@@ -25,7 +25,7 @@ def _run(dataset, out, transport, n, scheme, p, *extra):
     args = ["--preprocessors", p] if p else []
     r = enspipe("run", "--data", dataset, "--out", out, "--transport", transport, "--scheme", scheme, *args,
                 *COMMON, *extra, n=n)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     return summary(out)
 
 
@@ -103,7 +103,7 @@ def test_the_library_on_horovod_delivers_the_batches_mpi4py_does(dataset, tmp_pa
         (tmp_path / transport).mkdir()
         r, res = members("keep", 3, tmp_path / transport, data=dataset, batch_size=8, image_size=32, scheme=scheme,
                          preprocessors=p, transport=transport, steps=7)
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         runs[transport] = res
     assert set(runs["horovod"][0]["paths"].values()) == {"horovod"}
     for hv, mp in zip(runs["horovod"], runs["mpi4py"]):

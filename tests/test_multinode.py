@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from conftest import enspipe, manifest, step_values, summary
+from conftest import enspipe, manifest, said, step_values, summary
 
 pytestmark = pytest.mark.mpi
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
@@ -36,7 +36,7 @@ def alone(dataset, tmp_path_factory):
     """The batch checksums of one member that preprocesses every batch itself (no exchange)."""
     out = tmp_path_factory.mktemp("alone")
     r = enspipe("run", "--data", dataset, "--out", out, "--scheme", "all_shared", *COMMON, n=1)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     return step_values(out, 0, "batch_checksum")
 
 
@@ -53,7 +53,7 @@ def _expected_path(placement: str, group: list[int]) -> str:
 def test_every_scheme_across_nodes_is_exact_and_bit_identical(dataset, alone, tmp_path, placement, scheme):
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", scheme, *SCHEMES[scheme], *COMMON, n=4,
                 launcher=PLACEMENTS[placement])
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s, want = summary(tmp_path), manifest(dataset)["digest"]
     for rank in s["ranks"]:
         assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]
@@ -78,7 +78,7 @@ def test_hierarchical_on_the_mpi_collectives_is_exact_and_bit_identical(dataset,
     each into the receive ring, which must not hand out a buffer still in use downstream."""
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "hierarchical", "--no-node-shm", *COMMON,
                 n=4, launcher=PLACEMENTS["a2b2"])
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s, want = summary(tmp_path), manifest(dataset)["digest"]
     for rank in s["ranks"]:
         assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]
@@ -92,7 +92,7 @@ def test_hierarchical_on_the_mpi_collectives_is_exact_and_bit_identical(dataset,
 def test_across_nodes_equals_mpi_collectives_on_one_node(dataset, alone, tmp_path):
     """The node-leader path against the plain MPI collectives on one node (``--no-node-shm``)."""
     r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", "all_shared", "--no-node-shm", *COMMON, n=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert all(p == "mpi" for rank in summary(tmp_path)["ranks"] for p in rank["exchange_paths"].values())
     for rank in range(4):
         assert step_values(tmp_path, rank, "batch_checksum") == alone

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import enspipe, summary
+from conftest import enspipe, said, summary
 
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.model import CommCosts, Machine, bcast_terms, fit_comm, plan, predict
@@ -156,7 +156,7 @@ def test_plan_argument_errors_exit_2_naming_the_option(args, option):
 def test_calibrate_comm_fits_this_machine(tmp_path):
     out = tmp_path / "comm.json"
     r = enspipe("calibrate-comm", "--out", out, "--max-mb", "4", "--repeats", "3", n=2)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, said(r)
     c = json.loads(out.read_text())
     assert c["bandwidth"] > 1e7 and c["copy_bandwidth"] > 1e8 and c["alpha"] >= 0
     assert c["measured"]["ranks"] == 2 and len(c["measured"]["rows"]) >= 3
@@ -252,7 +252,7 @@ def test_scheme_auto_runs_the_plans_choice_and_labels_it(dataset, tmp_path):
     r = enspipe("run", "--data", dataset, "--out", out, "--scheme", "auto", "--rate-from", rates, "--consumer",
                 "emulated", "--batch-size", "12", "--image-size", "64", "--steps", "4", "--warmup", "1",
                 "--cores", "1", "--cpu-monitor", "psutil", "--plan-comm", comm, n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = summary(out)
     planned = s["planned"]
     assert planned["requested"] == "auto" and planned["scheme"] == s["scheme"] != "baseline"

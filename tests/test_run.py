@@ -6,15 +6,10 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import enspipe, manifest, summary, with_option
+from conftest import enspipe, events, manifest, summary, with_option
 
 BASE = ["--network", "tiny", "--batch-size", "8", "--steps", "7", "--warmup", "0", "--cores", "1",
         "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
-
-
-def _events(out, rank=0):
-    with open(os.path.join(out, f"events.rank{rank:04d}.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def test_peak_run_consumes_the_dataset_exactly_once_and_leaves_the_warm_up_out(dataset, tmp_path):
@@ -30,7 +25,7 @@ def test_peak_run_consumes_the_dataset_exactly_once_and_leaves_the_warm_up_out(d
     assert rank["images"] == 56 and rank["images_per_second"] > 0 and rank["cpu_seconds"] > 0
     assert len(rank["cores"]) == 1 and rank["cores"][0] in os.sched_getaffinity(0)
     assert set(rank["queue_occupancy"]) >= {"preprocessing", "exchange", "compute"}
-    ev = _events(tmp_path)
+    ev = events(tmp_path)
     assert ev[0]["event"] == "config" and ev[0]["config"]["network"] == "tiny"
     assert sum(e["event"] == "step" and e["measured"] for e in ev) == 7 and any(e["event"] == "occupancy" for e in ev)
     assert s["window"]["warmup_steps"] >= 3 and sum(e["event"] == "step" for e in ev) == 7 + s["window"]["warmup_steps"]
@@ -50,7 +45,7 @@ def test_train_really_trains_on_a_uint8_wire(dataset, tmp_path):
                 "--wire-dtype", "uint8", *BASE)
     assert r.returncode == 0, r.stderr
     s = summary(tmp_path)
-    losses = [e["loss"] for e in _events(tmp_path) if e["event"] == "step"]
+    losses = [e["loss"] for e in events(tmp_path) if e["event"] == "step"]
     assert len(losses) == 7 and np.isfinite(losses).all() and len(set(losses)) > 1
     assert s["accelerator"] == "measured" and s["ranks"][0]["learning_rate"] == 0.05
     assert s["wire_dtype"] == "uint8"

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import enspipe, summary
+from conftest import enspipe, said, summary
 from enspipe.models.networks import NETWORKS, USER_NETWORK, NetworkError, network_spec
 from enspipe.plan.ensemble import ARMS, Ensemble
 from enspipe.plan.errors import ConfigError
@@ -106,7 +106,7 @@ def test_a_cell_trains_a_users_network(usernets, dataset, tmp_path):
     out = tmp_path / "cell"
     r = enspipe("run", "--data", dataset, "--out", out, "--network", "usernets:build", "--consumer", "train",
                 "--scheme", "all_shared", "--image-size", 32, "--warmup", 2, "--steps", 6, "--cpu-monitor", "none", n=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     s = summary(out)
     assert s["network"] == "usernets:build" and s["batch_size"] == 10 and s["preprocessing"] == "inception"
     assert all(x["network"] == "usernets:build" and x["loss_last"] is not None for x in s["ranks"])
@@ -137,6 +137,6 @@ def test_an_ensemble_arm_trains_members_of_a_users_network(usernets, dataset, tm
                         "--data", dataset, "--out", str(tmp_path / "arm"), "--batch-size", "10", "--in-job", "--",
                         "--image-size", "32", "--cpu-monitor", "none", "--shuffle-buffer", "16"],
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     states = json.loads((tmp_path / "arm" / "ensemble.json").read_text())["member_states"]
     assert {k: v["epochs"] for k, v in states.items()} == {"a": 1, "b": 2}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from conftest import slurm_nodes
+from conftest import said, slurm_nodes
 from enspipe.plan import grid
 
 pytestmark = pytest.mark.workflow
@@ -62,7 +62,7 @@ def test_a_dry_run_lists_exactly_the_configs_own_cells(tmp_path, name):
     args = ["--configfile", os.path.join(ROOT, "config", f"{name}.yaml")] if name else []
     r = snakemake("-n", *args, workdir=tmp_path)
     elapsed = time.monotonic() - t
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert _planned_cells(r) == {_summary(c) for c in grid.cells(_config(name or "config"))}
     assert elapsed < 60  # the paper's ~1200 cells resolve in seconds (generous bound for slow CI)
 
@@ -108,7 +108,7 @@ def test_a_short_workflow_run_end_to_end(tmp_path):
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(cfg))
     r = snakemake("--cores", "2", "--configfile", path, workdir=tmp_path)
-    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.returncode == 0, said(r)
     table = pd.read_csv(tmp_path / "results" / "tables" / "cells.csv")
     assert sorted(table["cell"]) == sorted(c.name for c in grid.cells(cfg))
     for cell in grid.cells(cfg):  # each ran in the shared job and was taken into its own folder
@@ -137,7 +137,7 @@ def test_a_forced_cell_of_a_shared_job_runs_alone(tmp_path):
     assert snakemake("--cores", "2", "--configfile", path, workdir=tmp_path).returncode == 0
     one = grid.cells(cfg)[0]
     r = snakemake("--cores", "2", "--configfile", path, "-f", _summary(one), workdir=tmp_path)
-    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.returncode == 0, said(r)
     assert "cell_job" not in r.stdout + r.stderr
     with open(tmp_path / _summary(one)) as f:
         assert "shared_job" not in json.load(f)
@@ -153,7 +153,7 @@ def local_run(tmp_path_factory):
 @pytest.mark.slow
 def test_local_run_of_the_test_grid(local_run):
     wd, r = local_run
-    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.returncode == 0, said(r)
     table = pd.read_csv(wd / "results" / "tables" / "cells.csv")
     cells = grid.cells(_config("test"))
     assert sorted(table["cell"]) == sorted(c.name for c in cells)
@@ -177,7 +177,7 @@ def test_every_figure_and_table_and_the_html_report(local_run):
     from enspipe.report.figures import OUTPUTS
 
     wd, r = local_run
-    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.returncode == 0, said(r)
     figs = wd / "results" / "figures"
     for stem, o in OUTPUTS.items():
         for ext in o.formats:
@@ -188,7 +188,7 @@ def test_every_figure_and_table_and_the_html_report(local_run):
     assert "Table 3" in findings and "emulated" in findings
     assert "No data" in (figs / "table5_energy.md").read_text() or "modelled" in (figs / "table5_energy.md").read_text()
     rep = snakemake("--configfile", os.path.join(ROOT, "config", "test.yaml"), "--report", "report.html", workdir=wd)
-    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert rep.returncode == 0, said(rep)
     html = (wd / "report.html").read_text(errors="replace")
     assert "fig12_cpu_reduction.png" in html and "Paper vs this run" in html
     embedded = _report_images(html)  # every figure is in the report, and every image in it loads
@@ -214,7 +214,7 @@ def test_one_cell_reruns_by_its_target_name(local_run):
     before = os.path.getmtime(wd / _summary(cell))
     rr = snakemake("--cores", "2", "--configfile", os.path.join(ROOT, "config", "test.yaml"), "-f", _summary(cell),
                    workdir=wd)
-    assert rr.returncode == 0, rr.stderr[-3000:]
+    assert rr.returncode == 0, said(rr)
     assert os.path.getmtime(wd / _summary(cell)) > before
     assert "1 of 1 steps" in rr.stderr  # that cell alone
 
