@@ -3,7 +3,7 @@ pixels that later epochs take instead of decoding, the augmentation and the deli
 import numpy as np
 import pytest
 
-from conftest import enspipe, step_values, summary
+from conftest import enspipe, said, step_values, summary
 
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.options import parse_size
@@ -14,7 +14,7 @@ COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--ste
 
 def _run(dataset, out, n, *args):
     r = enspipe("run", "--data", dataset, "--out", out, *COMMON, *args, n=n)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     return summary(out)
 
 
@@ -47,7 +47,7 @@ def test_the_library_checks_the_budget_too(dataset):
 @pytest.mark.parametrize("backend", ["tf", "pillow"])
 def test_later_epochs_hit_and_no_pixel_changes(dataset, tmp_path, backend):
     """All-Shared, 2 members, 3+ epochs of 50 images: the node decodes every sample once (twice
-    where both members decode it at the same moment), every other lookup hits. Which epoch's
+    where two decodes of it run at the same moment: 3 of 50 once in CI), every other lookup hits. Which epoch's
     lookup is the first depends on how far ahead a member's pipeline runs (it may preprocess a
     later epoch's share of a sample before the other preprocesses its share of an earlier one), so
     the count is per node, not per epoch. A cache too small for all of them (about 4 images a
@@ -59,7 +59,10 @@ def test_later_epochs_hit_and_no_pixel_changes(dataset, tmp_path, backend):
     c = big["decode_cache"]
     rates = [e["hit_rate"] for e in c["epochs"]]
     assert len(rates) >= 3 and rates[0] < 0.5 and rates[-1] == 1.0, c["epochs"]
-    assert 50 <= c["images_held"] <= 52 and 50 <= c["misses"] <= 52 and c["not_stored_full"] == 0
+    assert c["distinct_images_held"] == 50 and c["not_stored_full"] == 0, c
+    # every miss is stored or refused (kept meanwhile by another decode of the sample); a race of two
+    # decodes at once is the exception, not half the samples (2 private caches: about 87 misses)
+    assert 50 + c["decoded_twice"] <= c["misses"] < 75 and c["images_held"] <= 50 + c["decoded_twice"], c
     assert c["hits"] + c["misses"] == sum(e["lookups"] for e in c["epochs"]) >= 150
     assert c["bytes_held"] >= sum(int(np.prod(s)) for s in _shapes(dataset))
     assert c["cpu_saved_seconds"] > 0 and c["decode_cpu_seconds_per_image"] > 0
@@ -138,7 +141,7 @@ def test_the_library_caches_for_a_users_preprocess_function(dataset, tmp_path):
         (tmp_path / str(budget)).mkdir()
         r, res = members("checksums", 2, tmp_path / str(budget), data=dataset, batch_size=10, preprocess="gray40",
                          scheme="all_shared", decode_cache=budget, steps=20)
-        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         got[budget] = [x["first"] for x in res[0]["rows"]]
     assert got["64MB"] == got[0] and len(got[0]) == 20
 

@@ -146,6 +146,7 @@ RANK: dict[str, str] = {
     "gradient_exchange": "a data-parallel rank's gradient exchange in the window: its kind and label, the bytes it "
                          "sends a step; blocks: their count, the share of their bytes summed before "
                          "backpropagation ended and the mean wait after it (null for a member on one rank)",
-    "decode_cache": "its view of the node's decode cache: hits and misses per epoch, what it stored, the node's "
-                    "bytes and images held, its timed decodes (null when off)",
+    "decode_cache": "its view of the node's decode cache: hits and misses per epoch, what it stored and what not "
+                    "(kept meanwhile by another decode; no room), the node's bytes, images and distinct samples "
+                    "held, its timed decodes (null when off)",
 }

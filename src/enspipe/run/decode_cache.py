@@ -55,7 +55,7 @@ class DecodeCache:
         self.mine = self.parts[self.node.Get_rank()]
         self.lock = threading.Lock()  # the member's preprocessing threads append to its arena
         self.counts: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])  # epoch -> [hits, misses]
-        self.stored = self.full = 0
+        self.stored = self.full = self.refused = 0
         self.decode_seconds, self.decodes = 0.0, 0
         self._final: dict | None = None
         header, table, _ = self.mine
@@ -96,11 +96,13 @@ class DecodeCache:
         if pixels.ndim != 3 or pixels.shape[2] != 3 or not pixels.size:
             return False
         if any(self._find(t, sample)[1] for _, t, _ in self.parts):  # another member kept it meanwhile
+            self.refused += 1
             return False
         with self.lock:
             slot, found = self._find(table, sample)
             used = int(header[0])
-            if found:
+            if found:  # another of this member's threads kept it meanwhile
+                self.refused += 1
                 return False
             if used + pixels.size > len(arena) or 2 * (int(header[1]) + 1) > self.slots:
                 self.full += 1
@@ -125,15 +127,18 @@ class DecodeCache:
         return pixels
 
     def report(self) -> dict:
-        """This member's view for the summary: hits and misses per epoch, what it stored, the
-        node's bytes and images held (every member's part), and its timed decodes."""
+        """This member's view for the summary: hits and misses per epoch, what it stored and what
+        it did not (kept meanwhile by another decode of the sample; no room), the node's bytes,
+        images and distinct samples held (every member's part), and its timed decodes."""
         if self._final is not None:
             return self._final
+        held = [t[t[:, 2] != 0, 0] for _, t, _ in self.parts]
         return {"budget_bytes": self.budget, "node_members": self.members,
                 "epochs": {str(e): {"hits": h, "misses": m} for e, (h, m) in sorted(self.counts.items())},
-                "stored": self.stored, "not_stored_full": self.full,
+                "stored": self.stored, "not_stored_kept_meanwhile": self.refused, "not_stored_full": self.full,
                 "node_bytes_held": int(sum(int(p[0][0]) for p in self.parts)),
                 "node_images_held": int(sum(int(p[0][1]) for p in self.parts)),
+                "node_distinct_images_held": len(set(np.concatenate(held).tolist())),
                 "decodes_timed": self.decodes, "decode_cpu_seconds": self.decode_seconds}
 
     def free(self) -> None:
@@ -149,7 +154,10 @@ class DecodeCache:
 def cache_summary(reports: list[dict]) -> dict | None:
     """The cell's decode cache from its ranks' reports: per epoch the lookups and their hit rate
     (all members'), the bytes and images held (per node, each node counted once), and the CPU saved,
-    estimated as the hits times the decode CPU per image that the members timed (labelled so)."""
+    estimated as the hits times the decode CPU per image that the members timed (labelled so).
+    ``decoded_twice`` counts the decodes of a sample that another decode, on this member or another
+    of its node, was making at the same moment (each one's put found the other's, or both were
+    kept)."""
     mine = [(r["host"], r["decode_cache"]) for r in reports if r.get("decode_cache")]
     if not mine:
         return None
@@ -170,6 +178,9 @@ def cache_summary(reports: list[dict]) -> dict | None:
         "hits": hits, "misses": sum(m for _, m in epochs.values()),
         "bytes_held": sum(c["node_bytes_held"] for c in nodes.values()),
         "images_held": sum(c["node_images_held"] for c in nodes.values()),
+        "distinct_images_held": sum(c["node_distinct_images_held"] for c in nodes.values()),
+        "decoded_twice": sum(c["node_images_held"] - c["node_distinct_images_held"] for c in nodes.values())
+        + sum(c["not_stored_kept_meanwhile"] for _, c in mine),
         "not_stored_full": sum(c["not_stored_full"] for _, c in mine),
         "decode_cpu_seconds_per_image": per_image, "decodes_timed": timed,
         "cpu_saved_seconds": hits * per_image if per_image is not None else None,
