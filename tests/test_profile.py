@@ -42,7 +42,7 @@ def test_profile_measures_each_count_caches_it_and_a_spec_reads_it(dataset, tiny
         layers = rec["layers"][g]
         assert layers["batch"] == batch and len(layers["names"]) == 6 and layers["forward_s"] > 0
         assert layers["bytes"] == [864, 32, 4608, 64, 640, 40]  # two convolutions and a dense layer, float32
-        assert max(layers["ready_s"][:2]) >= min(layers["ready_s"][-2:])  # the first layer's gradients come last
+        assert len(layers["ready_s"]) == 6 and min(layers["ready_s"]) >= 0
     again = enspipe(*args)
     assert again.returncode == 0 and "cached" in again.stdout
     assert json.loads(path.read_text())["measured"] == rec["measured"]
@@ -53,6 +53,18 @@ def test_profile_measures_each_count_caches_it_and_a_spec_reads_it(dataset, tiny
     r = enspipe("ensemble", "--spec", spec, "--arm", "fleet", "--data", dataset, "--out", tmp_path / "o",
                 "--batch-size", 10)
     assert r.returncode == 2 and "'vgg_a'" in r.stderr and "profile" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_first_layers_gradients_are_ready_last():
+    """Backpropagation makes the last layer's gradients first and the first layer's last, and the
+    profile's hooks see that order. At 96 px and batch 16 tiny's first convolution takes ms to
+    differentiate, so a hook run late on a loaded machine does not reverse the medians (at 32 px
+    and batch 4 the whole backward pass takes about 1 ms, under the hooks' scheduling noise: a
+    loaded CI machine once read the dense layer's 0.89 ms after the first convolution's 0.79 ms)."""
+    from enspipe.run.profile import layer_profile
+
+    ready = layer_profile("tiny", 10, 96, 16, steps=10).ready
+    assert min(ready[:2]) > max(ready[-2:]) >= 0, ready
 
 
 def test_bad_profile_options_exit_2(dataset, tmp_path):
