@@ -26,16 +26,17 @@ class ServerProcess:
     """``enspipe serve`` on a dataset at 32 px; with ``ranks`` > 1, an MPI job whose rank r serves
     ``s-r.sock`` (``socks``); ``sock`` is rank 0's."""
 
-    def __init__(self, tmp_path, data, *extra, batch=8, memory="8MB", ranks=1):
-        sock = str(tmp_path / ("s-{rank}.sock" if ranks > 1 else "s.sock"))
+    def __init__(self, tmp_path, data, *extra, batch=8, memory="8MB", ranks=1, sock=None, umask=-1):
+        """``sock``: its socket (default: in ``tmp_path``); ``umask``: the server's (-1: this one's)."""
+        sock = sock or str(tmp_path / ("s-{rank}.sock" if ranks > 1 else "s.sock"))
         self.socks = [sock.replace("{rank}", str(r)) for r in range(ranks)]
         self.sock = self.socks[0]
-        self.log = open(tmp_path / "server.log", "w+")
+        self.log = open(tmp_path / f"server{len(list(tmp_path.glob('server*.log')))}.log", "w+")
         cmd = [sys.executable, "-m", "enspipe", "serve", "--data", data, "--batch-size", str(batch), "--image-size",
                "32", "--socket", sock, "--memory", memory, "--workers", "2" if ranks == 1 else "1",
                "--status-interval", "0.2", *extra]
         self.proc = subprocess.Popen([MPIEXEC, "-n", str(ranks), *cmd] if ranks > 1 else cmd, stdout=self.log,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, umask=umask)
         from enspipe.serve.wire import live_server
 
         _wait_for(lambda: self.proc.poll() is not None or all(os.path.exists(s) and live_server(s)

@@ -55,6 +55,26 @@ def attach(target, *, batch_size: int | None = None, image_size: int | None = No
     return AttachedStream(path, hello, timeout)
 
 
+def _denied(path: str, why: str) -> ConfigError:
+    owner = _owner(path)
+    return ConfigError("attach", f"permission denied on {path}{owner}: {why}. An attach server is its user's alone "
+                       "unless that user starts it with --group GROUP", "attach as the server's user, or have it "
+                       "started with --group naming a group this user is in (id -Gn lists them)")
+
+
+def _owner(path: str) -> str:
+    import pwd
+
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return ""
+    try:
+        return f" (the server of user {pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f" (the server of uid {uid})"
+
+
 def _digest(data: str) -> str:
     from enspipe.serve.checks import load_dataset
 
@@ -70,27 +90,40 @@ class AttachedStream:
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ConfigError("timeout", f"must be a positive number of seconds, got {timeout!r}", "pass e.g. 60")
         self.path, self.timeout, self._closed = path, float(timeout), True
+        self.info: dict = {}
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(path)
+        except PermissionError:
+            self._sock.close()
+            raise _denied(path, "its socket is not this user's to connect to") from None
         except OSError as e:
             self._sock.close()
             raise ConfigError("attach", f"no server answers on {path} ({e.strerror})", "start one on this node: "
                               "enspipe serve --data DIR --batch-size B (its socket: --socket, or the dataset's "
                               "default)") from None
         self._sock.settimeout(self.timeout)
-        wire.send(self._sock, hello)
+        try:
+            wire.send(self._sock, hello)
+        except OSError:  # closed as it came: the server's reason, if it gave one, is still to be read
+            pass
         info = self._answer()
         if "error" in info:
             self._sock.close()
+            if info.get("reason") == "permission":
+                raise _denied(path, f"the server refused this user: {info['error']}")
             raise ConfigError("attach", f"the server on {path} refused this consumer: {info['error']}",
                               "attach with the server's options (enspipe serve --status shows them), or start a "
                               "server for yours")
         from enspipe.data.ledger import EpochLedger
-        from enspipe.serve.samples import Pool
+        from enspipe.serve.samples import Pool, PoolDenied
 
+        try:
+            self._pool = Pool.open(info["pool"], info["slots"], tuple(info["shape"]), np.dtype(info["dtype"]))
+        except PoolDenied as e:
+            self._sock.close()
+            raise _denied(path, f"its pool is not this user's to read: {e}") from None
         self.info, self.consumer = info, info["consumer"]
-        self._pool = Pool.open(info["pool"], info["slots"], tuple(info["shape"]), np.dtype(info["dtype"]))
         self._ledger = EpochLedger(info["num_images"])
         self._held: list = []  # the last batch's slots, copied out: released with the next request
         self._closed = False
@@ -192,11 +225,22 @@ class AttachedStream:
     # -- the exchange with the server ------------------------------------------------------------
     def _answer(self) -> dict:
         try:
-            return wire.recv(self._sock)
+            answer = wire.recv(self._sock)
         except socket.timeout:
             raise wire.ServerGone(f"the server on {self.path} did not answer in {self.timeout:g} s") from None
-        except (EOFError, OSError) as e:
-            raise wire.ServerGone(f"the server on {self.path} has ended ({e})") from None
+        except (EOFError, OSError, wire.Malformed) as e:
+            raise self._gone(e) from None
+        if not isinstance(answer, dict):
+            raise wire.ServerGone(f"the server on {self.path} answered {type(answer).__name__}, not an enspipe answer")
+        return answer
+
+    def _gone(self, e: Exception) -> wire.ServerGone:
+        """The server has ended: its pool, where it died without removing it, goes with it."""
+        if self.info:
+            from enspipe.serve.samples import reap_dead
+
+            reap_dead(path=self.info["pool"], wait=1.0)
+        return wire.ServerGone(f"the server on {self.path} has ended ({e})")
 
     def _next(self) -> tuple[np.ndarray, np.ndarray, bool]:
         if self._closed:
@@ -206,7 +250,7 @@ class AttachedStream:
         try:
             wire.send(self._sock, {"op": "next", "release": self._held})
         except OSError as e:
-            raise wire.ServerGone(f"the server on {self.path} has ended ({e})") from None
+            raise self._gone(e) from None
         batch = self._answer()
         if "error" in batch:
             raise wire.ServerGone(f"the server on {self.path}: {batch['error']}")

@@ -27,6 +27,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ahead", type=int, default=2, help="batches made ahead for each consumer")
     p.add_argument("--status-interval", type=float, default=2.0, help="seconds between status updates (each a "
                    "window of rates)")
+    p.add_argument("--max-consumers", type=positive_int, default=64, help="consumers attached at once (the pool "
+                   "must also hold batch_size x (2 + ahead) samples for each)")
+    p.add_argument("--group", help="let this group's members attach (socket 0660, pool and status 0640 of that "
+                   "group); default: the server's user alone (0600, whatever the umask)")
     p.add_argument("--idle-exit", type=float, default=0.0, help="stop once no consumer has been attached for this "
                    "many seconds (0: serve until SIGTERM or Ctrl-C)")
     p.add_argument("--status", action="store_true", help="print the running server's status (SOCKET.status.json) "
@@ -50,7 +54,8 @@ def _serve(a: argparse.Namespace, fail: Fail) -> int:
         opts = ServeOptions(data=a.data, batch_size=a.batch_size, image_size=a.image_size, preprocess=a.preprocess,
                             wire_dtype=a.wire_dtype, fast_mode=a.fast_mode, seed=a.seed, workers=a.workers,
                             socket=a.socket.replace("{rank}", str(rank)) if a.socket else None, memory=a.memory,
-                            ahead=a.ahead, status_interval=a.status_interval)
+                            ahead=a.ahead, status_interval=a.status_interval, max_consumers=a.max_consumers,
+                            group=a.group)
     except ConfigError as e:
         fail(str(e))
     comm = None
@@ -103,8 +108,12 @@ def _print_status(sock: str, fail: Fail) -> int:
     path = status_path(sock)
     if not os.path.exists(path):
         fail(f"--status: {path} does not exist: no server has served on {sock}")
-    with open(path) as f:
-        status = json.load(f)
+    try:
+        with open(path) as f:
+            status = json.load(f)
+    except PermissionError:
+        fail(f"--status: {path}: permission denied: the status of a server is its user's (and its --group's) alone; "
+             "ask as that user")
     if status["state"] == "serving" and not live_server(sock):
         status["state"] = "gone (the server ended without a last word)"
     print(json.dumps(status, indent=2))

@@ -8,8 +8,8 @@ files per rank and cell were left in /tmp. So each cell process gets a folder of
 A rank that is killed (SIGKILL, the OOM killer, a scheduler's time limit) never removes its folder.
 Its owner lock says so: a rank holds an exclusive ``flock`` on the folder's ``.owner`` file for as
 long as it lives, and the kernel releases it however the process ends, whatever its PID namespace.
-The next rank to start on the machine reaps every folder whose lock it can take
-(:func:`reap_killed`)::
+The next rank to start on the machine reaps every folder whose lock it can take, at once, whatever
+its age (:func:`reap_killed`)::
 
     from enspipe.common import tempdirs
 
@@ -23,11 +23,11 @@ import os
 import shutil
 import sys
 import tempfile
-import time
+
+from enspipe.common.ownerlock import create_locked, reap_unlocked
 
 PREFIX = "enspipe-rank-"
 OWNER = ".owner"       # locked (flock, exclusive) by the folder's rank while it lives
-MIN_AGE_S = 60.0       # a younger folder is left alone: its rank may not have locked it yet
 
 _OWN: list[tuple[str, int]] = []  # (folder, the open owner file holding its lock)
 
@@ -35,16 +35,18 @@ _OWN: list[tuple[str, int]] = []  # (folder, the open owner file holding its loc
 def own() -> str:
     """Give this process a temporary folder of its own (``tempfile``'s default from now on), locked
     as its owner, after reaping the folders of killed ranks beside it (saying how many). Returns it."""
-    import fcntl
-
     parent = tempfile.gettempdir()
     count = reap_killed(parent)
     if count:
         print(f"enspipe: removed {count} temporary folders ({PREFIX}*) from {parent}, left by ranks that were "
               "killed", file=sys.stderr, flush=True)
-    folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
-    fd = os.open(os.path.join(folder, OWNER), os.O_CREAT | os.O_WRONLY, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    while True:
+        folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
+        try:  # a folder without its owner file yet is no reaper's to judge; the file is locked as it is made
+            fd = create_locked(os.path.join(folder, OWNER))
+            break
+        except FileNotFoundError:  # reaped in the instant between the owner file's creation and its lock
+            continue
     _OWN.append((folder, fd))
     tempfile.tempdir = folder
     return folder
@@ -58,31 +60,9 @@ def remove_own() -> None:
         os.close(fd)
 
 
-def reap_killed(parent: str, min_age_s: float = MIN_AGE_S) -> int:
+def reap_killed(parent: str) -> int:
     """Remove the folders in ``parent`` that ranks left when they were killed: those whose owner lock
-    anyone can take, older than ``min_age_s``. A folder with no owner file is not enspipe's to judge
-    and is left. Returns how many were removed."""
-    import fcntl
-
-    try:
-        names = [n for n in os.listdir(parent) if n.startswith(PREFIX)]
-    except OSError:
-        return 0
-    count, now = 0, time.time()
-    for name in names:
-        owner = os.path.join(parent, name, OWNER)
-        try:
-            if now - os.stat(owner).st_mtime < min_age_s:
-                continue
-            fd = os.open(owner, os.O_RDONLY)
-        except OSError:  # no owner file, or another rank reaped it first
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # its rank is alive
-            os.close(fd)
-            continue
-        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        os.close(fd)
-        count += 1
-    return count
+    anyone can take (:func:`enspipe.common.ownerlock.reap_unlocked`). A folder with no owner file is
+    not enspipe's to judge and is left. Returns how many were removed."""
+    return len(reap_unlocked(parent, PREFIX, lock_of=lambda folder: os.path.join(folder, OWNER),
+                             remove=lambda folder: shutil.rmtree(folder, ignore_errors=True)))

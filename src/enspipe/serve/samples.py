@@ -16,7 +16,7 @@ from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.order import NumpyOrder, RecordReader, read_file
 
 SHM_DIR = "/dev/shm"
-POOL_PREFIX = "enspipe-serve-"
+POOL_PREFIX = "enspipe-pool-"  # + the server's pid and a token; locked by the server while it lives
 
 
 class SampleSource:
@@ -50,33 +50,59 @@ class SampleSource:
 
 class Pool:
     """``slots`` preprocessed samples and their ``[id, label]`` rows in one node-shared file,
-    created by the server (:meth:`create`) and mapped by each consumer (:meth:`open`)."""
+    created by the server (:meth:`create`) and mapped read-only by each consumer (:meth:`open`).
 
-    def __init__(self, path: str, slots: int, shape: tuple, dtype, create: bool):
+    The server holds the file's owner lock (:mod:`enspipe.common.ownerlock`) for as long as it
+    lives: a pool whose lock anyone can take is a dead server's, removed at once by the next server
+    to start and by a consumer that finds its server gone (:func:`reap`)."""
+
+    def __init__(self, path: str, slots: int, shape: tuple, dtype, fd: int | None = None):
+        """``fd``: the server's own descriptor of the file it created (holding its lock); None
+        for a consumer, which maps it read-only."""
         self.path, self.slots, self.shape, self.dtype = path, int(slots), tuple(shape), np.dtype(dtype)
         image_bytes = self.slots * int(np.prod(self.shape)) * self.dtype.itemsize
         size = image_bytes + self.slots * 16
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, size)
+        self._owner = fd
+        if fd is not None:
+            os.ftruncate(fd, size)
             self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        else:
+            try:
+                ro = os.open(path, os.O_RDONLY)
+            except PermissionError:
+                raise PoolDenied(f"{path}: permission denied (the pool is its server's user's"
+                                 f"{' and group' if os.path.exists(path) else ''} only)") from None
+            try:
+                self._map = mmap.mmap(ro, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(ro)
         self.images = np.frombuffer(self._map, self.dtype, self.slots * int(np.prod(self.shape)), 0).reshape(
             (self.slots, *self.shape))
         self.meta = np.frombuffer(self._map, np.int64, self.slots * 2, image_bytes).reshape(self.slots, 2)
 
     @classmethod
-    def create(cls, slots: int, shape: tuple, dtype) -> "Pool":
-        from enspipe.exchange.shm import reap_orphans
+    def create(cls, slots: int, shape: tuple, dtype, mode: int = 0o600, gid: int | None = None, say=None) -> "Pool":
+        """A new pool, ``mode`` exactly whatever the umask (``gid``: its group), after removing
+        every pool of this user's servers that died without removing theirs."""
+        from secrets import token_hex
 
-        reap_orphans(SHM_DIR, POOL_PREFIX)  # pools of servers killed with SIGKILL that nobody maps
-        return cls(os.path.join(SHM_DIR, f"{POOL_PREFIX}{os.getpid()}"), slots, shape, dtype, create=True)
+        from enspipe.common.ownerlock import create_locked
+
+        reap_dead(say)
+        path = os.path.join(SHM_DIR, f"{POOL_PREFIX}{os.getpid()}-{token_hex(4)}")
+        fd = create_locked(path, mode)
+        try:
+            if gid is not None:
+                os.fchown(fd, -1, gid)
+            return cls(path, slots, shape, dtype, fd=fd)
+        except BaseException:
+            os.remove(path)
+            os.close(fd)
+            raise
 
     @classmethod
     def open(cls, path: str, slots: int, shape: tuple, dtype) -> "Pool":
-        return cls(path, slots, shape, dtype, create=False)
+        return cls(path, slots, shape, dtype)
 
     @property
     def bytes(self) -> int:
@@ -97,6 +123,33 @@ class Pool:
                 os.remove(self.path)
             except FileNotFoundError:
                 pass
+        if self._owner is not None:
+            os.close(self._owner)  # the lock goes last: the file is gone first
+            self._owner = None
+
+
+class PoolDenied(PermissionError):
+    """A consumer may not map its server's pool (another user's server)."""
+
+
+def reap_dead(say=None, path: str | None = None, wait: float = 0.0) -> list[str]:
+    """Remove the pools of dead servers: every one of this user's (``path`` None), or the one at
+    ``path``, whose owner lock anyone can take, retrying for up to ``wait`` seconds (a server just
+    killed releases its lock as its process ends, maybe after its socket closed). Returns them."""
+    import time
+
+    from enspipe.common.ownerlock import reap_unlocked
+
+    parent, prefix = (SHM_DIR, POOL_PREFIX) if path is None else os.path.split(path)
+    end = time.monotonic() + wait
+    while True:
+        removed = reap_unlocked(parent, prefix)
+        if removed or path is None or not os.path.exists(path) or time.monotonic() >= end:
+            break
+        time.sleep(0.01)
+    if removed and say:
+        say(f"removed {len(removed)} pool(s) of servers that died: {', '.join(removed)}")
+    return removed
 
 
 def make_sample(source: SampleSource, opts, s: int, position: int) -> tuple[np.ndarray, int, int]:

@@ -149,6 +149,11 @@ class Scheduler:
         c.rollover = c.left == 0
         return Taken(slots, samples, c.epoch, c.rollover)
 
+    def holds(self, cid: int, slots) -> bool:
+        """Whether the consumer holds every one of these slots (as often as listed)."""
+        c = self.consumers.get(cid)
+        return c is not None and not collections.Counter(slots) - c.holding
+
     def release(self, cid: int, slots) -> None:
         """The consumer has copied these slots out."""
         c = self.consumers.get(cid)

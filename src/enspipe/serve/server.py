@@ -18,6 +18,7 @@ import itertools
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +48,7 @@ class Server:
 
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
         shape, dtype = output_spec(opts.preprocess, opts.image_size, opts.wire_dtype)
-        self.pool = Pool.create(opts.slots, shape, dtype)
+        self.pool = Pool.create(opts.slots, shape, dtype, mode=opts.file_mode, gid=opts.gid, say=say)
         self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)  # the lock; notified where every waiter should look
@@ -71,10 +72,8 @@ class Server:
         """Listen on the socket until SIGTERM or SIGINT (or, with ``idle_exit``, until no consumer
         has been attached for that long); then end every consumer's iteration and clean up."""
         # the status exists before the socket answers: whoever sees a live server can read it
-        write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="serving"))
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.opts.socket)
-        listener.listen(64)
+        self._write_status("serving")
+        listener = self._listen()
         listener.settimeout(0.2)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stopping.set())
@@ -99,6 +98,26 @@ class Server:
                 threading.Thread(target=self._consumer, args=(conn,), daemon=True, name="enspipe-consumer").start()
         finally:
             self._stop(listener)
+
+    def _listen(self) -> socket.socket:
+        """The socket, its mode exact from its creation on whatever the umask (no thread that
+        creates files runs yet), then given to ``--group`` where there is one."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        umask = os.umask(0o177)
+        try:
+            listener.bind(self.opts.socket)
+        finally:
+            os.umask(umask)
+        if self.opts.gid is not None:
+            os.chown(self.opts.socket, -1, self.opts.gid)
+        os.chmod(self.opts.socket, self.opts.socket_mode)
+        listener.listen(64)
+        return listener
+
+    def _write_status(self, state: str) -> None:
+        with self.cond:
+            snap = self.status.snapshot(state=state)
+        write_json_atomic(status_path(self.opts.socket), snap, mode=self.opts.file_mode, gid=self.opts.gid)
 
     def _idle_long(self, idle_since: float) -> bool:
         """Whether to stop for ``idle_exit``; a rank of several says so in the next round instead,
@@ -126,44 +145,72 @@ class Server:
             self.mesh.thread.join()
         self.workers.shutdown(wait=True, cancel_futures=True)
         self.reporter.join()  # its last write done: the final status is the last word
-        write_json_atomic(status_path(self.opts.socket), self.status.snapshot(state="stopped"))
+        self._write_status("stopped")
         self.pool.close(unlink=True)
         self.say("stopped; " + self.status.totals_line())
 
     def _report(self) -> None:
         while not self.stopping.wait(self.opts.status_interval):
-            with self.cond:
-                snap = self.status.snapshot(state="serving")
-            write_json_atomic(status_path(self.opts.socket), snap)
+            self._write_status("serving")
 
     # -- one consumer -----------------------------------------------------------------------------
     def _consumer(self, conn: socket.socket) -> None:
+        """One connection's life: a hello (within ``HELLO_TIMEOUT_S``), then requests until it
+        leaves. Anything but the protocol closes it with one line in the log, never a traceback."""
         cid, why = None, "closed"
         try:
             conn.settimeout(HELLO_TIMEOUT_S)
-            hello = wire.recv(conn)
-            cid = self._admit(conn, hello)
+            first = wire.recv(conn)  # read before any answer: a refused peer reads why, not a closed socket
+            denied = self._denied(conn)
+            if denied:
+                why = denied
+                wire.send(conn, {"error": denied, "reason": "permission"})
+                return
+            cid = self._admit(conn, wire.check_hello(first))
             if cid is None:
                 return
             conn.settimeout(None)  # a consumer may train as slowly as it likes
             while not self.stopping.is_set():
-                msg = wire.recv(conn)
-                if msg["op"] == "next":  # with the slots of the batch before, copied out
-                    wire.send(conn, self._next(cid, msg.get("release", ())))
-                elif msg["op"] == "bye":
+                op, release = wire.check_request(wire.recv(conn), self.pool.slots)
+                if op == "bye":
                     break
-        except (EOFError, OSError, ValueError, KeyError, TypeError) as e:  # gone, or not an enspipe consumer
+                wire.send(conn, self._next(cid, release))  # with the slots of the batch before, copied out
+        except wire.Malformed as e:
+            why = f"malformed: {e}"
+            self._tell(conn, {"error": f"closed: {e}", "reason": "protocol"})
+        except socket.timeout:
+            why = f"no hello in {HELLO_TIMEOUT_S:g} s"
+        except (EOFError, OSError) as e:  # gone
             why = "gone" if cid is not None else f"no hello ({type(e).__name__})"
+        except Exception as e:  # noqa: BLE001 - a bug: this connection ends, the server and the others go on
+            why = f"error: {type(e).__name__}: {e}"
         finally:
             self._leave(conn, cid, why)
+
+    def _denied(self, conn: socket.socket) -> str | None:
+        """Why the peer may not attach, or None: without ``--group``, only the server's own user
+        (the socket's mode says so too; this holds where someone loosened it)."""
+        pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if self.opts.group is None and uid != os.geteuid():
+            return (f"permission: this server admits only its own user's (uid {os.geteuid()}) consumers, not uid "
+                    f"{uid} (pid {pid}); its user may start it with --group GROUP to let a group in")
+        return None
+
+    @staticmethod
+    def _tell(conn: socket.socket, message: dict) -> None:
+        """A last word to a connection being closed, where it still listens."""
+        try:
+            conn.settimeout(1.0)
+            wire.send(conn, message)
+        except OSError:
+            pass
 
     def _admit(self, conn: socket.socket, hello: dict) -> int | None:
         """The new consumer's id, after its hello matches this server; else it is told why."""
         problems = wire.differences(self.info, hello)
         with self.cond:
             if not problems and len(self.sched.consumers) >= self.capacity:
-                problems = [f"consumers: the server's memory budget ({self.opts.memory} bytes) holds "
-                            f"{self.capacity} consumers' batches; start the server with a larger --memory"]
+                problems = [self._full()]
             if problems:
                 wire.send(conn, {"error": "; ".join(problems)})
                 return None
@@ -177,6 +224,19 @@ class Server:
                          "pid": os.getpid(), **self.info})
         return cid
 
+    def _full(self) -> str:
+        """Why one more consumer does not fit, naming the limit that applies and its fix."""
+        per = self.opts.batch_size * (2 + self.opts.ahead)
+        by_memory = max(1, self.opts.slots // per)
+        attached = len(self.sched.consumers)
+        if self.opts.max_consumers <= by_memory:
+            return (f"consumers: {attached} are attached, the server's --max-consumers {self.opts.max_consumers}; "
+                    "start it with a larger --max-consumers (its memory budget holds "
+                    f"{by_memory}), or attach once one has left")
+        return (f"consumers: {attached} are attached, as many as the server's memory budget holds ({self.opts.memory} "
+                f"bytes, {self.opts.slots} samples; each consumer needs batch_size x (2 + ahead) = {per}); start it "
+                "with a larger --memory or a smaller --ahead, or attach once one has left")
+
     @property
     def capacity(self) -> int:
         """Consumers the pool holds: each may copy one batch out while its next ones are made."""
@@ -184,11 +244,15 @@ class Server:
 
     def _leave(self, conn: socket.socket, cid: int | None, why: str) -> None:
         with self.cond:
+            who = self.status.consumers.get(cid, {}) if cid is not None else {}
             if cid is not None:
                 self.sched.detach(cid)
                 self.status.detached(cid, why)
                 self.wakers.pop(cid, None)
             self._wake_all()
+        if why.startswith(("malformed", "permission", "error")):
+            peer = f"consumer {cid} ({who.get('name')}, pid {who.get('pid')})" if cid is not None else "a connection"
+            self.say(f"closed {peer}: {why}")
         try:
             conn.close()
         except OSError:
@@ -200,6 +264,8 @@ class Server:
         consumer that leaves costs one batch, not ``ahead + 1``)."""
         with self.cond:
             if release:
+                if not self.sched.holds(cid, release):
+                    raise wire.Malformed(f"release names slots this consumer does not hold: {release!r:.60}")
                 self.sched.release(cid, release)
                 if self.sched.short:  # a plan found every slot in use: the waiting may find one now
                     self._wake_all()

@@ -21,9 +21,17 @@ from enspipe.plan.options import parse_size
 PREPROCESSING = ("inception", "vgg")
 WIRE_DTYPES = ("float32", "uint8")
 HEADER = struct.Struct("!I")
-MAX_MESSAGE = 64 << 20
+MAX_MESSAGE = 1 << 20  # the largest message (a batch's slot list) is a few kB
 # the hello fields a consumer may state; where stated they must be the server's
 MATCHED = ("batch_size", "image_size", "preprocess", "wire_dtype", "seed")
+# every hello field and the types it may have (None: not stated)
+HELLO_FIELDS = {"batch_size": int, "image_size": int, "preprocess": str, "wire_dtype": str, "seed": int, "pid": int,
+                "name": str, "data": str, "digest": str}
+OPS = ("next", "bye")  # what an attached consumer may send
+
+
+class Malformed(ValueError):
+    """A message that is not what the protocol allows: the connection that sent it is closed."""
 
 
 class ServerGone(RuntimeError):
@@ -62,7 +70,13 @@ class ServeOptions:
     ``memory``: the pool's budget (bytes or a size such as ``"2GB"``), every preprocessed sample
     held for a consumer counted; ``ahead``: batches made ahead for each consumer; ``workers``:
     preprocessing threads (default: this host's cores); ``status_interval``: seconds between the
-    status file's updates (``SOCKET.status.json``), each a window of the rates it shows.
+    status file's updates (``SOCKET.status.json``), each a window of the rates it shows;
+    ``max_consumers``: consumers attached at once.
+
+    Access: the socket, the pool and the status file are the server's user's alone (modes 0600,
+    whatever the umask), and the server refuses a peer of another user. ``group`` (a group name
+    or id that this user is in) lets that group's members attach on purpose: socket 0660, pool and
+    status 0640, all of that group.
     """
 
     data: str
@@ -78,6 +92,7 @@ class ServeOptions:
     ahead: int = 2
     status_interval: float = 2.0
     max_consumers: int = 64
+    group: str | int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -102,6 +117,22 @@ class ServeOptions:
             object.__setattr__(self, "socket", default_socket(self.data))
         require(len(os.fsencode(self.socket)) < 100, "socket", f"{self.socket!r} is too long for a Unix socket",
                 "pass a shorter --socket path")
+        if self.group is not None:
+            _check_group(self.group)
+
+    @property
+    def gid(self) -> int | None:
+        """The group let in (``group``), or None: the server's user alone."""
+        return None if self.group is None else _group_id(self.group)
+
+    @property
+    def socket_mode(self) -> int:
+        return 0o600 if self.group is None else 0o660
+
+    @property
+    def file_mode(self) -> int:
+        """The pool's and the status file's mode: consumers only read them."""
+        return 0o600 if self.group is None else 0o640
 
     @property
     def sample_bytes(self) -> int:
@@ -122,6 +153,61 @@ class ServeOptions:
 
     def hello(self) -> dict:
         return {name: getattr(self, name) for name in MATCHED}
+
+
+def _group_id(group: str | int) -> int:
+    """A group's id, by name or number; KeyError where there is none."""
+    import grp
+
+    if isinstance(group, str):
+        try:
+            return grp.getgrnam(group).gr_gid
+        except KeyError:
+            if not group.isdigit():
+                raise
+    return grp.getgrgid(int(group)).gr_gid
+
+
+def _check_group(group: str | int) -> None:
+    """The group must exist and be this user's (one of its groups), or the user root."""
+    import grp
+
+    try:
+        gid = _group_id(group)
+    except (KeyError, OverflowError):
+        raise ConfigError("group", f"no group {group!r} on this host", "pass a group that exists (getent group "
+                          "lists them)") from None
+    mine = {os.getegid(), *os.getgroups()}
+    require(gid in mine or os.geteuid() == 0, "group", f"this user is not in group {grp.getgrgid(gid).gr_name} "
+            f"({gid}), so it cannot give the server's files to it", "pass one of this user's groups (id -Gn "
+            "lists them)")
+
+
+def check_hello(msg) -> dict:
+    """A consumer's first message, checked: a hello whose fields have their types; raises
+    :class:`Malformed` naming what is wrong."""
+    if not isinstance(msg, dict) or msg.get("op") != "hello":
+        got = f"op {msg.get('op')!r}" if isinstance(msg, dict) else f"a JSON {type(msg).__name__}"
+        raise Malformed(f"the first message must be a hello, got {got}")
+    for name, kind in HELLO_FIELDS.items():
+        value = msg.get(name)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise Malformed(f"hello field {name!r} must be {kind.__name__} or null, got {value!r:.60}")
+    return msg
+
+
+def check_request(msg, slots: int) -> tuple[str, list[int]]:
+    """An attached consumer's message, checked: ``(op, slots released)``; raises
+    :class:`Malformed` naming what is wrong."""
+    if not isinstance(msg, dict):
+        raise Malformed(f"a message must be a JSON object, got a JSON {type(msg).__name__}")
+    op = msg.get("op")
+    if op not in OPS:
+        raise Malformed(f"unknown op {op!r:.60} (an attached consumer sends {' or '.join(OPS)})")
+    release = msg.get("release", [])
+    if not isinstance(release, list) or not all(type(x) is int and 0 <= x < slots for x in release):
+        raise Malformed(f"release must be a list of slot numbers below {slots}, got {release!r:.60}")
+    return op, release
 
 
 def differences(server: dict, asked: dict) -> list[str]:
@@ -152,12 +238,17 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv(sock: socket.socket) -> dict:
-    """The next message; EOFError where the other end is gone, socket.timeout where it is silent."""
+def recv(sock: socket.socket):
+    """The next message (decoded JSON, of any type: the reader checks it); EOFError where the other
+    end is gone, socket.timeout where it is silent, :class:`Malformed` where a frame is too long
+    or not JSON."""
     (n,) = HEADER.unpack(_exactly(sock, HEADER.size))
     if n > MAX_MESSAGE:
-        raise EOFError(f"a message of {n} bytes: not an enspipe peer")
-    return json.loads(_exactly(sock, n))
+        raise Malformed(f"a frame of {n} bytes announced, more than the {MAX_MESSAGE} an enspipe message may have")
+    try:
+        return json.loads(_exactly(sock, n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Malformed(f"a frame of {n} bytes that is not JSON ({e})") from None
 
 
 def live_server(path: str, timeout: float = 2.0) -> bool:
