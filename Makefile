@@ -16,7 +16,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 
-.PHONY: run run-full test test-all test-notf bench cell clean-results horovod test-horovod
+.PHONY: run run-full test test-all test-notf test-stress bench cell clean-results horovod test-horovod
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/pytest
 	if [ -x .venv-horovod/bin/pytest ]; then .venv-horovod/bin/pytest tests/test_horovod.py; fi
+
+# The tests marked mpi, slow or timing, 10 times each under 2 busy loops (CI's loaded 2 cores), with a
+# table of each one that failed: `make test-stress STRESS="--repeats 10 tests/test_serve.py -m ''"` for one file
+STRESS ?=
+test-stress: $(STAMP)
+	$(BIN)/python tests/stress.py $(STRESS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/preprocessing.py

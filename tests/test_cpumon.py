@@ -81,6 +81,7 @@ def test_window_cpu_sums_cores_in_cpu_seconds():
     assert w["per_core_busy_percent"]["a"] == {"0": pytest.approx(100.0), "1": pytest.approx(25.0)}
 
 
+@pytest.mark.timing
 def test_psutil_sampler_writes_the_same_rows(tmp_path):
     out = tmp_path / "psutil-cpu.h.jsonl"
     with open(out, "w") as f:
@@ -100,6 +101,7 @@ def test_psutil_sampler_writes_the_same_rows(tmp_path):
     assert set(cpumon.COLUMNS) <= set(rows[0])
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(shutil.which("mpstat") is None, reason="sysstat is not installed (CI installs it)")
 def test_real_mpstat_monitor_sees_a_busy_core(tmp_path):
     mon = cpumon.CpuMonitor(str(tmp_path), "h", "mpstat", 1)
@@ -117,6 +119,7 @@ def test_real_mpstat_monitor_sees_a_busy_core(tmp_path):
     assert json.loads((tmp_path / "mpstat.h.json").read_text())["sysstat"]["hosts"][0]["statistics"]
 
 
+@pytest.mark.timing
 def test_the_psutil_sampler_stops_when_its_parent_is_gone(tmp_path):
     """A rank that dies before its sampler asked for a death signal leaves no sampler running."""
     out = tmp_path / "log.jsonl"
@@ -138,6 +141,7 @@ def test_a_monitor_that_stopped_inside_the_window_reports_no_node_cpu():
     assert whole["coverage"] == {"a": 1.0} and whole["node_cpu_seconds_total"] is not None
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("source", ["psutil", pytest.param("mpstat", marks=[pytest.mark.slow, pytest.mark.skipif(
     shutil.which("mpstat") is None, reason="sysstat is not installed (CI installs it)")])])
 def test_a_cell_whose_cpu_monitor_is_killed_mid_window_says_node_cpu_is_missing(dataset, tmp_path, source):

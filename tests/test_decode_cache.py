@@ -146,6 +146,7 @@ def test_the_library_caches_for_a_users_preprocess_function(dataset, tmp_path):
     assert got["64MB"] == got[0] and len(got[0]) == 20
 
 
+@pytest.mark.timing
 def test_one_member_alone_caches_too(dataset, tmp_path):
     """A job of one process (MPI's window then is private memory, not a node's fresh pages)."""
     c = _run(dataset, tmp_path / "one", None, "--decode-cache", "128MB")["decode_cache"]

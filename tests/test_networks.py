@@ -45,6 +45,7 @@ def test_heterogeneous_networks_differ_in_size():
     assert 24e6 < r < 27e6 and 3e6 < m < 4e6
 
 
+@pytest.mark.timing
 def test_emulated_waits_without_cpu():
     import time
 

@@ -124,6 +124,7 @@ def test_mpich_picks_the_broadcast_algorithm_by_size_and_ranks():
         CommCosts(bcast="ring")
 
 
+@pytest.mark.timing
 def test_plan_prints_a_ranking_fast_and_as_json():
     t = time.perf_counter()
     r = enspipe("plan", "--n", "4", "--rp", "1:90,2:170", "--batch-size", "64", "--cores-per-node", "2", "--json")
@@ -210,6 +211,7 @@ def test_the_papers_grid_predicted_from_its_own_measurements():
     assert cross[("single_broadcast", 5, "all", "vgg_a", 2e9)] is None  # VGG stays well within
 
 
+@pytest.mark.timing
 def test_plan_over_the_papers_grid_answers_in_under_2_s():
     t = time.perf_counter()
     r = enspipe("plan", "--config", os.path.join(ROOT, "config", "paper.yaml"))

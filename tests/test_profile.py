@@ -55,6 +55,7 @@ def test_profile_measures_each_count_caches_it_and_a_spec_reads_it(dataset, tiny
     assert r.returncode == 2 and "'vgg_a'" in r.stderr and "profile" in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.timing
 def test_the_first_layers_gradients_are_ready_last():
     """Backpropagation makes the last layer's gradients first and the first layer's last, and the
     profile's hooks see that order. At 96 px and batch 16 tiny's first convolution takes ms to

@@ -15,6 +15,8 @@ from conftest import enspipe
 
 from serve_helpers import HERE, ServerProcess, _consumer, _result, _wait_for
 
+pytestmark = pytest.mark.timing  # processes that race each other, waited for with deadlines
+
 
 @pytest.fixture
 def server(tmp_path, dataset):
