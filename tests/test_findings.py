@@ -385,3 +385,70 @@ def test_identical_work_at_n1_is_within_the_noise_of_a_ratio():
     assert table["cpu_reduction_process"].max() == pytest.approx(1.087, abs=0.001)
     assert table["ceiling_tolerance"].max() == pytest.approx(0.139, abs=0.001)
     assert holds(findings.ceiling_finding, table) == YES
+
+
+def test_a_margin_inside_the_measured_spread_is_within_noise():
+    from enspipe.report.verdicts import against, all_of, holds_all
+
+    assert against(1.30, 1.0, 0.1) is True and against(0.7, 1.0, 0.1) is False
+    assert against(1.05, 1.0, 0.1) == findings.WITHIN_NOISE and against(0.95, 1.0, 0.1) == findings.WITHIN_NOISE
+    assert against(0.5, 1.0, 0.1, at_least=False) is True
+    assert against(1.0, 1.0, 0.0) is False  # no spread measured: the threshold itself decides
+    assert all_of([True, findings.WITHIN_NOISE]) == findings.WITHIN_NOISE and all_of([False, True]) is False
+    assert holds_all([True, False]) == "partly" and holds_all([True, findings.WITHIN_NOISE]) == findings.WITHIN_NOISE
+
+
+def _repeats(base: list, shared: list) -> pd.DataFrame:
+    """n = 1 peak cells of both schemes, three repeats each at these images/s."""
+    return cells(*[{"cell": f"{s}{r}", "network": "alexnet_v2", "consumer": "peak", "n": 1, "scheme": s, "rep": r,
+                    "images_per_second_per_member": v} for s, vs in (("baseline", base), ("all_shared", shared))
+                   for r, v in enumerate(vs)])
+
+
+def test_identical_work_apart_by_less_than_its_repeats_spread_is_within_noise():
+    """The fast run of 2026-11-28 (quiet): All-Shared's n = 1 repeats 659, 665 and 814 images/s, the
+    baseline's 778, 831 and 798: medians 18% apart, above the 15% allowed, but one All-Shared repeat
+    lay 22% from its median, so a ratio of two cells strays by up to 56%: neither yes nor no."""
+    row = findings.verdict(findings.identical_work_finding, _repeats([778, 831, 798], [659, 665, 814]), {})
+    assert row["holds"] == findings.WITHIN_NOISE and "differ by up to 22%" in row["basis"]
+    assert holds(findings.identical_work_finding, _repeats([600, 602, 598], [750, 753, 749])) == NO  # tight repeats
+    assert holds(findings.identical_work_finding, _repeats([600, 602, 598], [604, 600, 601])) == YES
+
+
+def test_a_no_among_busy_hosts_reads_node_not_quiet():
+    """Table 2 beside other work: the cores a 1-core member may not use were 20% busy, and its cell's
+    host had 0.9 of its 2 cores busy outside the cell: not a no, the node was not quiet."""
+    t2 = frame({"network": "alexnet_v2", "core_limit": "1", "core": 0, "allowed": True, "busy_percent": 97.0},
+               {"network": "alexnet_v2", "core_limit": "1", "core": 1, "allowed": False, "busy_percent": 20.0})
+    solo_cell = solo(cell="alexnet_v2/baseline/n1_p1/c1/emulated/rep0", cores="1", host_cpus=2)
+    loud = findings.verdict(findings.core_limit_finding, cells(solo_cell | {"node_outside_cores": 0.9}), {"table2": t2})
+    assert loud["holds"] == findings.NOT_QUIET and "0.90 of 2 cores busy outside" in loud["basis"]
+    assert "would be 'no'" in loud["basis"]
+    quiet = findings.verdict(findings.core_limit_finding, cells(solo_cell | {"node_outside_cores": 0.05}),
+                             {"table2": t2})
+    assert quiet["holds"] == NO
+    ok = t2.assign(busy_percent=[97.0, 2.0])  # a yes stays a yes, however busy the host
+    assert holds(findings.core_limit_finding, cells(solo_cell | {"node_outside_cores": 0.9}), table2=ok) == YES
+
+
+def test_the_planner_within_its_measured_spread():
+    """The run of the issue: auto chose All-Shared, the best measured scheme, and ran at 0.83x its
+    one cell; with the run's repeats 20% apart that is within noise, where tight repeats say no."""
+    from enspipe.report import predicted
+
+    def run(noisy: bool):
+        base = {"network": "alexnet_v2", "n": 2, "cores": "all", "consumer": "peak", "batch_size": 48,
+                "image_size": 224, "process_cpu_seconds_per_image": 0.001, "planned": None}
+        rows = [base | {"cell": "as", "scheme": "all_shared", "p": 2, "rep": 0, "images_per_second_per_member": 776},
+                base | {"cell": "auto", "scheme": "all_shared", "p": 2, "rep": 0, "planned": "auto",
+                        "images_per_second_per_member": 646}]
+        alone = [700, 710, 840] if noisy else [700, 705, 702]
+        rows += [base | {"cell": f"n1-{r}", "n": 1, "scheme": "baseline", "p": 1, "rep": r,
+                         "images_per_second_per_member": v} for r, v in enumerate(alone)]
+        df = cells(*rows)
+        return df, {"planner": predicted.planner_choices(df, pd.DataFrame({"cell": df["cell"], "predicted_rate": 800.0}))}
+
+    df, t = run(noisy=True)
+    assert findings.verdict(findings.planner_finding, df, t)["holds"] == findings.WITHIN_NOISE
+    df, t = run(noisy=False)
+    assert findings.verdict(findings.planner_finding, df, t)["holds"] == NO

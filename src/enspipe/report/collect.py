@@ -240,7 +240,13 @@ def repeat_noise(df, clock: str = "process") -> float:
     """The noise of this table's own repeats on ``clock``: over every cell repeated at least 3
     times, the largest repeat's distance from its cell's median CPU per delivered image on that
     clock (0 without)."""
-    col = CLOCKS[clock]
+    return spread(df, CLOCKS[clock])
+
+
+def spread(df, col: str) -> float:
+    """The noise of this table's own repeats of ``col`` (CPU per image, images/s, ...): over every
+    cell repeated at least 3 times, the largest repeat's relative distance from its cell's median
+    (0 without)."""
     key = [k for k in ("network", "scheme", "n", "p", "cores", "consumer", "batch_size", "image_size") if k in df]
     noise = 0.0
     if len(df) and col in df:

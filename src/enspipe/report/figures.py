@@ -35,6 +35,17 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
            lag_csv: str | None = None, comm_json: str | None = None, paper_config: str | None = None,
            ensemble_jsons: list[str] | None = None) -> list[str]:
     """Render every output of :data:`OUTPUTS` into ``out_dir``; returns the paths written."""
+    ins = inputs(table_csv, rates_json, idle_json, lag_csv, comm_json, paper_config, ensemble_jsons)
+    os.makedirs(out_dir, exist_ok=True)
+    for o in OUTPUTS.values():
+        o.write(ins, os.path.join(out_dir, o.name))
+    return [os.path.join(out_dir, f"{o.name}.{ext}") for o in OUTPUTS.values() for ext in o.formats]
+
+
+def inputs(table_csv: str, rates_json: str | None, idle_json: str | None, lag_csv: str | None = None,
+           comm_json: str | None = None, paper_config: str | None = None,
+           ensemble_jsons: list[str] | None = None) -> Inputs:
+    """The cell table and every table derived from it that the outputs read (:func:`render`'s)."""
     import yaml
 
     everything = tables.load(table_csv)
@@ -63,11 +74,7 @@ def render(table_csv: str, rates_json: str | None, idle_json: str | None, out_di
     sim = heterogeneous.simulate_paper_scale()
     derived["paper_scale"], derived["paper_waits"] = heterogeneous.paper_scale(sim), heterogeneous.paper_waits(sim)
     derived["paper_sim"] = sim
-    ins = Inputs(df, derived, rates, idle, ensembles)
-    os.makedirs(out_dir, exist_ok=True)
-    for o in OUTPUTS.values():
-        o.write(ins, os.path.join(out_dir, o.name))
-    return [os.path.join(out_dir, f"{o.name}.{ext}") for o in OUTPUTS.values() for ext in o.formats]
+    return Inputs(df, derived, rates, idle, ensembles)
 
 
 @output("paper_vs_run", TAB, PAPER)

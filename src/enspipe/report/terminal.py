@@ -19,10 +19,11 @@ def summary_lines(results: str) -> list[str]:
         lines.append("  (no paper_vs_run table: run the workflow's figures rule)")
     else:
         width = max(len(str(s)) for s in findings["source"])
-        lines.append(f"  {'source':<{width}}  {'holds':<18}  finding")
+        said = max(18, *(len(str(h)) for h in findings["holds"]))
+        lines.append(f"  {'source':<{width}}  {'holds':<{said}}  finding")
         for r in findings.itertuples():
             claim = r.finding if len(r.finding) <= 70 else r.finding[:67] + "..."
-            lines.append(f"  {r.source:<{width}}  {r.holds:<18}  {claim}")
+            lines.append(f"  {r.source:<{width}}  {r.holds:<{said}}  {claim}")
     lines += ["", *_reductions(_read(figures, "fig12_cpu_reduction")), *_fleet(_read(figures, "heterogeneous_arms"))]
     return lines
 
