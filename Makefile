@@ -37,13 +37,16 @@ cell: $(STAMP)
 	@test -n "$(CELL)" || { echo "make cell CELL=network/scheme/nN_pP/cC/consumer/repR"; exit 2; }
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES) -f results/runs/$(CELL)/summary.json
 
+# WORKERS pytest processes side by side (pytest-xdist), each taking whole files (a file's shared jobs
+# run once); the tests wait on processes, Slurm and emulated accelerators about a third of the time
+WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" -n $(WORKERS) --dist loadfile
 
 # The Horovod transport's tests run where .venv-horovod was built (`make horovod`; CI builds it);
 # in .venv they skip, saying why.
 test-all: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(WORKERS) --dist loadfile
 	if [ -x .venv-horovod/bin/pytest ]; then .venv-horovod/bin/pytest tests/test_horovod.py; fi
 
 # The tests marked mpi, slow or timing, 10 times each under 2 busy loops (CI's loaded 2 cores), with a

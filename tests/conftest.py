@@ -127,3 +127,38 @@ def events(out, rank: int = 0) -> list[dict]:
 def step_values(out, rank: int, key: str = "batch_digest") -> list:
     """``key`` of every step event of one rank, in order (batch digests, checksums, ...)."""
     return [e[key] for e in events(out, rank) if e["event"] == "step"]
+
+
+def selected(request, test_name: str) -> list[dict]:
+    """The parameters of every selected test of this module named ``test_name`` (its parametrized
+    cases in this session, after -m and -k): what a module's shared job must run."""
+    return [item.callspec.params for item in request.session.items
+            if getattr(item, "originalname", None) == test_name and item.module is request.module]
+
+
+def run_cells(n: int, cells: dict, root, launcher=(), timeout: float = 900) -> dict:
+    """Cells of ``n`` ranks, each named by its key with its ``enspipe run`` options (no --out), run
+    as one MPI job (``enspipe run-cells``: Python, MPI and TensorFlow start once, not per cell),
+    under mpiexec with the ``launcher`` options. Returns ``{name: its output folder}``; a folder
+    without summary.json has the cell's summary.failed.json, and ``root/job.txt`` what the job said."""
+    root = str(root)
+    outs = {name: os.path.join(root, str(i)) for i, name in enumerate(cells)}
+    spec = os.path.join(root, "job.json")
+    with open(spec, "w") as f:
+        json.dump({"n": n, "cells": [{"name": str(name), "args": [*map(str, args), "--out", outs[name]]}
+                                     for name, args in cells.items()]}, f)
+    r = enspipe("run-cells", spec, "--launcher", " ".join([MPIEXEC, *launcher, "-n", str(n)]), timeout=timeout)
+    with open(os.path.join(root, "job.txt"), "w") as f:
+        f.write(said(r, chars=20000))
+    return outs
+
+
+def cell_said(out) -> str:
+    """Why a cell of a shared job has no summary: its failure record and the job's last words."""
+    parts = []
+    for name in ("summary.failed.json", os.path.join("..", "job.txt")):
+        path = os.path.join(str(out), name)
+        if os.path.exists(path):
+            with open(path) as f:
+                parts.append(f.read()[-6000:])
+    return "\n".join(parts) or f"{out}: no summary and no record of a failure"

@@ -1,5 +1,7 @@
 """One member's script for tests/test_api.py, run under mpiexec: ``python stream_member.py MODE OUT JSON``
-(JSON: SharedStream's keyword options). Modes:
+(JSON: SharedStream's keyword options), or ``python stream_member.py cases OUT JSON`` with JSON a list
+of ``[name, mode, options]``: one stream after another in one job (MPI and TensorFlow start once),
+each writing into OUT/name. Modes:
 
 * ``keep``: take STEPS batches, keep every one, write each one's checksum taken when it came and
   again at the end (a kept batch must not change), and whether the arrays were read-only;
@@ -22,23 +24,15 @@ from enspipe.exchange.base import Batch
 
 # a member that hangs prints every thread's stack and exits before the test's own timeout ends it silently
 faulthandler.dump_traceback_later(float(os.environ.get("ENSPIPE_TEST_HANG_S", "200")), exit=True)
-mode, out, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-steps = options.pop("steps", 20)
-if options.get("preprocess") == "gray40":
+def gray40(image, seed):
     import tensorflow as tf
 
-    def gray40(image, seed):
-        image = tf.image.resize(image, [40, 40])
-        image = tf.image.stateless_random_flip_left_right(image, seed)
-        return tf.cast(tf.reduce_mean(image, axis=-1, keepdims=True), tf.uint8)
-
-    options["preprocess"] = gray40
-data = options.pop("data")
-batch = options.pop("batch_size")
-layout, epochs = options.pop("layout", "NHWC"), options.pop("epochs", 2)
+    image = tf.image.resize(image, [40, 40])
+    image = tf.image.stateless_random_flip_left_right(image, seed)
+    return tf.cast(tf.reduce_mean(image, axis=-1, keepdims=True), tf.uint8)
 
 
-def _framework_rows(stream) -> dict:
+def _framework_rows(stream, mode: str, layout: str, epochs: int) -> dict:
     """``torch`` / ``jax`` mode: every batch of EPOCHS epochs kept and checked at the end."""
     import hashlib
     import warnings
@@ -67,7 +61,7 @@ def _framework_rows(stream) -> dict:
     return {"rows": rows, "epochs": stream.epochs(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
 
 
-def _kept_rows(stream) -> dict:
+def _kept_rows(stream, steps: int) -> dict:
     """``keep`` / ``checksums`` mode: STEPS batches kept, each checked when it came and at the end."""
     kept, rows = [], []
     for _ in range(steps):
@@ -84,11 +78,27 @@ def _kept_rows(stream) -> dict:
             "scheme": stream.scheme.name, "planned": stream.planned}
 
 
-with enspipe.SharedStream(data, batch, **options) as stream:
-    if mode == "raise":
-        for i, _ in enumerate(stream):
-            if i == 2:
-                raise ValueError("a bug in the member's training step")
-    info = _framework_rows(stream) if mode in ("torch", "jax") else _kept_rows(stream)
-with open(os.path.join(out, f"member{stream.member}.json"), "w") as f:
-    json.dump(info, f)
+def case(case_mode: str, out: str, options: dict) -> None:
+    """One stream of ``options`` read as ``case_mode`` asks; this member's json in ``out``."""
+    options = dict(options)
+    steps, layout, epochs = options.pop("steps", 20), options.pop("layout", "NHWC"), options.pop("epochs", 2)
+    if options.get("preprocess") == "gray40":
+        options["preprocess"] = gray40
+    data, batch = options.pop("data"), options.pop("batch_size")
+    with enspipe.SharedStream(data, batch, **options) as stream:
+        if case_mode == "raise":
+            for i, _ in enumerate(stream):
+                if i == 2:
+                    raise ValueError("a bug in the member's training step")
+        info = (_framework_rows(stream, case_mode, layout, epochs) if case_mode in ("torch", "jax")
+                else _kept_rows(stream, steps))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"member{stream.member}.json"), "w") as f:
+        json.dump(info, f)
+
+
+if sys.argv[1] == "cases":
+    for name, case_mode, case_options in json.loads(sys.argv[3]):
+        case(case_mode, os.path.join(sys.argv[2], name), case_options)
+else:
+    case(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

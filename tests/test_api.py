@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import EVERY_SCHEME, MPIEXEC, enspipe, said, step_values
+from conftest import EVERY_SCHEME, MPIEXEC, cell_said, enspipe, run_cells, said, selected, step_values
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -24,6 +24,18 @@ def members(mode: str, n: int, out, timeout: float = 240, without_tf: bool = Fal
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     found = [out / f"member{k}.json" for k in range(n)]
     return r, [json.loads(p.read_text()) for p in found if p.exists()]
+
+
+def member_cases(n: int, out, cases: dict, timeout: float = 600):
+    """Several streams one after another in one job of ``n`` members (tests/stream_member.py
+    ``cases``: MPI and TensorFlow start once), each case ``name: (mode, options)``; returns
+    (CompletedProcess, {name: per-member json})."""
+    spec = json.dumps([[name, mode, options] for name, (mode, options) in cases.items()])
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(HERE, "stream_member.py"), "cases", str(out), spec]
+    env = {**os.environ, "ENSPIPE_TEST_HANG_S": str(timeout - 30)}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return r, {name: [json.loads(p.read_text()) for p in (out / name / f"member{k}.json" for k in range(n))
+                      if p.exists()] for name in cases}
 
 
 def test_the_public_names_are_documented_and_import_lazily():
@@ -84,20 +96,46 @@ def test_a_user_preprocess_that_fails_its_probe_is_named(dataset, fn, words):
     assert fn.__name__ in str(e.value) and words in str(e.value)
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("scheme, p, shm", [
+KEPT = [
     # the MPI path's receive ring, where held slots are pinned: quick, with a user's preprocess (below)
     pytest.param("all_shared", None, False, marks=pytest.mark.slow),
     pytest.param("all_shared", None, True, marks=pytest.mark.slow),  # node-shared slots: copied out
     pytest.param("baseline", None, True, marks=pytest.mark.slow),
     pytest.param("single_broadcast", 1, False, marks=pytest.mark.slow),
-])
-def test_kept_batches_never_change(dataset, tmp_path, scheme, p, shm):
+]
+CHECKSUM_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def two_members(request, dataset, tmp_path_factory) -> dict:
+    """The selected cases of the two tests below in two jobs of 2 members: every library stream
+    one after another (tests/stream_member.py cases), and the enspipe run cells to compare with
+    (enspipe run-cells). Returns {case: per-member json}, and under "cells" {scheme, p: folder}."""
+    kept = {f"keep-{c['scheme']}-{c['p']}-{c['shm']}": ("keep", dict(
+        data=dataset, batch_size=10, image_size=32, scheme=c["scheme"], preprocessors=c["p"], node_shm=c["shm"],
+        queue_depth=2, block_images=1, steps=15)) for c in selected(request, "test_kept_batches_never_change")}
+    delivered = selected(request, "test_the_library_delivers_the_batches_enspipe_run_does")
+    sums = {f"sums-{c['scheme']}-{c['p']}": ("checksums", dict(data=dataset, batch_size=12, image_size=32,
+                                                               scheme=c["scheme"], preprocessors=c["p"],
+                                                               steps=CHECKSUM_STEPS)) for c in delivered}
+    out = tmp_path_factory.mktemp("two_members")
+    r, res = member_cases(2, out, kept | sums)
+    res["job"] = r
+    cells = {(c["scheme"], c["p"]): ["--data", dataset, "--scheme", c["scheme"], "--batch-size", 12, "--image-size",
+                                     32, "--warmup", 0, "--steps", CHECKSUM_STEPS, "--batch-checksums", "--consumer",
+                                     "peak", "--cpu-monitor", "none", *(["--preprocessors", c["p"]] if c["p"] else [])]
+             for c in delivered}
+    res["cells"] = run_cells(2, cells, tmp_path_factory.mktemp("cells")) if cells else {}
+    return res
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scheme, p, shm", KEPT)
+def test_kept_batches_never_change(two_members, scheme, p, shm):
     """Every batch is kept for 3 epochs' worth of steps, far past twice any ring's depth (queue 2:
     a ring of 2 + 1 + unit slots), and still equals its checksum taken when it came."""
-    r, res = members("keep", 2, tmp_path, data=dataset, batch_size=10, image_size=32, scheme=scheme,
-                     preprocessors=p, node_shm=shm, queue_depth=2, block_images=1, steps=15)
-    assert r.returncode == 0, said(r)
+    res = two_members[f"keep-{scheme}-{p}-{shm}"]
+    assert len(res) == 2, said(two_members["job"])
     _kept_unchanged(res, scheme, shm)
 
 
@@ -116,18 +154,12 @@ def _kept_unchanged(res: list[dict], scheme: str, shm: bool) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("scheme, p", EVERY_SCHEME)
-def test_the_library_delivers_the_batches_enspipe_run_does(dataset, tmp_path, scheme, p):
-    steps = 8
-    r, res = members("checksums", 2, tmp_path, data=dataset, batch_size=12, image_size=32, scheme=scheme,
-                     preprocessors=p, steps=steps)
-    assert r.returncode == 0, said(r)
-    out = tmp_path / "cell"
-    run = enspipe("run", "--data", dataset, "--out", out, "--scheme", scheme, "--batch-size", 12, "--image-size", 32,
-                  "--warmup", 0, "--steps", steps, "--batch-checksums", "--consumer", "peak", "--cpu-monitor", "none",
-                  *(["--preprocessors", p] if p else []), n=2)
-    assert run.returncode == 0, said(run)
+def test_the_library_delivers_the_batches_enspipe_run_does(two_members, scheme, p):
+    res, out = two_members[f"sums-{scheme}-{p}"], two_members["cells"][(scheme, p)]
+    assert len(res) == 2, said(two_members["job"])
+    assert os.path.exists(os.path.join(out, "summary.json")), cell_said(out)
     for rank in range(2):
-        assert [x["first"] for x in res[rank]["rows"]] == step_values(out, rank, "batch_checksum")[:steps]
+        assert [x["first"] for x in res[rank]["rows"]] == step_values(out, rank, "batch_checksum")[:CHECKSUM_STEPS]
 
 
 @pytest.mark.mpi
@@ -140,11 +172,12 @@ def test_a_user_preprocess_goes_on_the_wire_as_it_returns_and_kept_batches_never
     _kept_unchanged(res, "all_shared", False)
 
 
+@pytest.mark.timing
 @pytest.mark.mpi
 def test_an_exception_inside_the_stream_aborts_the_job_fast_naming_it(dataset, tmp_path):
     t = time.monotonic()
     r, _ = members("raise", 2, tmp_path, timeout=120, data=dataset, batch_size=10, image_size=32,
-                   log_dir=str(tmp_path / "logs"))
+                   log_dir=str(tmp_path / "logs"), backend="pillow")  # the abort does not depend on the backend
     assert r.returncode != 0
     assert time.monotonic() - t < 90
     assert "a bug in the member's training step" in r.stderr and "aborting the job" in r.stderr, r.stderr[-2000:]
@@ -231,6 +264,7 @@ def test_a_rank_trains_its_members_on_every_batch(dataset, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # the quick suite runs the Keras example (above) and the torch and JAX ones (make test-notf)
 def test_the_numpy_example_trains_without_keras(tmp_path):
     from enspipe.data.synthetic import make_dataset
 

@@ -6,8 +6,10 @@ import os
 import pytest
 from conftest import enspipe, manifest, said, summary
 
+# the job's mechanics do not depend on the backend: the pillow one starts in a second, TensorFlow's in
+# several (the workflow's jobs of tf cells run in tests/test_workflow.py and in the matrices' shared jobs)
 CELL = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--warmup", "0", "--cores", "1",
-        "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
+        "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none", "--backend", "pillow"]
 
 
 def _spec(tmp_path, dataset, cells: list[tuple[str, list[str]]], n: int = 2) -> str:
@@ -81,7 +83,7 @@ def test_a_cell_measures_in_a_shared_job_as_it_does_alone(dataset, tmp_path):
     interleaved: the medians agree within the repeats' own spread (at least 15%)."""
     import statistics
 
-    args = ["--scheme", "all_shared", "--steps", "40", "--warmup", "5"]  # start-up outside the window
+    args = ["--scheme", "all_shared", "--steps", "40", "--warmup", "5", "--backend", "tf"]  # start-up outside the window
     alone, shared = [], []
     for rep in range(3):
         out = tmp_path / f"alone{rep}"

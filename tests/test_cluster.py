@@ -48,8 +48,10 @@ def _srun(nodes: int, per_node: int, args: list) -> list[str]:
             "--kill-on-bad-exit=1", sys.executable, "-m", "enspipe", *map(str, args)]
 
 
-@pytest.mark.parametrize("nodes, per_node, scheme", [(3, 1, "all_shared"), (2, 2, "all_shared"),
-                                                     (2, 2, "hierarchical")])
+# three hosts of one rank in the quick suite; two ranks per host (the one-node batches) in make test-all
+@pytest.mark.parametrize("nodes, per_node, scheme", [(3, 1, "all_shared"),
+                                                     pytest.param(2, 2, "all_shared", marks=pytest.mark.slow),
+                                                     pytest.param(2, 2, "hierarchical", marks=pytest.mark.slow)])
 def test_a_cell_spans_separate_hosts_with_the_one_node_batches(dataset, tmp_path, nodes, per_node, scheme):
     out, ref = tmp_path / "cluster", tmp_path / "one"
     r = subprocess.run(_srun(nodes, per_node, _cell_args(dataset, out, scheme, 10, "--batch-checksums")),
@@ -127,14 +129,29 @@ def test_a_lost_node_fails_the_cell_and_a_rerun_completes(dataset, tmp_path, fau
 
 @pytest.mark.slow
 def test_the_workflow_spreads_cells_and_a_fleet_arm_over_nodes(tmp_path):
-    """config/cluster.yaml through `snakemake --profile slurm`: one member per node (the paper's
-    layout, an experiment's members_per_node), two per node on two nodes (slurm.members_per_node),
-    hierarchical, and FLEET's arms in one allocation over two nodes."""
+    """config/cluster.yaml through `snakemake --profile slurm` (the one Slurm run of the workflow:
+    the test grid runs locally, tests/test_workflow.py): every cell a Slurm job and an MPI cell a
+    step of n tasks; one member per node (the paper's layout, an experiment's members_per_node),
+    two per node on two nodes (slurm.members_per_node), hierarchical, and FLEET's arm (the fleet
+    one: the arms differ in their plans, not in how Slurm runs them) in one allocation over two
+    nodes."""
+    import pandas as pd
+    import yaml
+
     from test_workflow import snakemake
 
-    r = snakemake("--profile", "slurm", "--configfile", os.path.join(ROOT, "config", "cluster.yaml"),
-                  "--slurm-no-account", "--slurm-status-command", "squeue", workdir=tmp_path, timeout=1800)
+    with open(os.path.join(ROOT, "config", "cluster.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    cfg["heterogeneous"]["arms"] = ["fleet"]
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cfg))
+    r = snakemake("--profile", "slurm", "--configfile", tmp_path / "cluster.yaml", "--slurm-no-account",
+                  "--slurm-status-command", "squeue", workdir=tmp_path, timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    table = pd.read_csv(tmp_path / "results" / "tables" / "cells.csv")
+    assert len(table) == 4 and table["epochs_exact"].all(), table.to_string()
+    for path in table["summary"]:  # every cell ran as a Slurm job; MPI cells as a step of n tasks
+        s = summary(tmp_path / os.path.dirname(path))
+        assert s["slurm"] and s["slurm"]["job_id"] and "step_id" in s["slurm"], path
     runs = tmp_path / "results" / "runs" / "alexnet_v2"
     for cell, per_host in (("all_shared/n3_p3", 1), ("baseline/n3_p3", 1), ("all_shared/n4_p4", 2),
                            ("hierarchical/n4_p4", 2)):

@@ -151,8 +151,8 @@ def test_a_cell_whose_cpu_monitor_is_killed_mid_window_says_node_cpu_is_missing(
 
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "enspipe", "run", "--data", dataset, "--out", str(out), "--network", "tiny",
-           "--consumer", "emulated", "--rate", "40", "--batch-size", "8", "--steps", "40", "--warmup", "0",
-           "--image-size", "32", "--cpu-monitor", source]
+           "--consumer", "emulated", "--rate", "40", "--batch-size", "8", "--steps", "25", "--warmup", "0",
+           "--image-size", "32", "--cpu-monitor", source, "--backend", "pillow"]
     cell = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     events = out / "events.rank0000.jsonl"
     deadline = time.monotonic() + 120

@@ -44,7 +44,8 @@ def test_the_library_checks_the_budget_too(dataset):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("backend", ["tf", "pillow"])
+# the backends cache alike; TensorFlow's import makes its case the slow one (make test-all runs both)
+@pytest.mark.parametrize("backend", [pytest.param("tf", marks=pytest.mark.slow), "pillow"])
 def test_later_epochs_hit_and_no_pixel_changes(dataset, tmp_path, backend):
     """All-Shared, 2 members, 3+ epochs of 50 images: the node decodes every sample once (twice
     where two decodes of it run at the same moment: 3 of 50 once in CI), every other lookup hits. Which epoch's
@@ -131,6 +132,7 @@ def test_cached_pixels_give_the_encoded_paths_values(impl):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # the quick suite caches for enspipe's own preprocessing (above)
 def test_the_library_caches_for_a_users_preprocess_function(dataset, tmp_path):
     """``SharedStream(decode_cache=...)`` with a user's function (it takes decoded images): the
     batches of 4 epochs are those of no cache."""
@@ -154,7 +156,8 @@ def test_one_member_alone_caches_too(dataset, tmp_path):
     assert c["bytes_held"] == sum(int(np.prod(s)) for s in _shapes(dataset))
 
 
-@pytest.mark.parametrize("backend", ["tf", "pillow"])
+# the backends cache alike; TensorFlow's import makes its case the slow one (make test-all runs both)
+@pytest.mark.parametrize("backend", [pytest.param("tf", marks=pytest.mark.slow), "pillow"])
 def test_an_approximation_says_so_with_its_measured_error(dataset, tmp_path, backend):
     s = _run(dataset, tmp_path / "f", None, "--preprocess-impl", "fused-colour", "--backend", backend)
     a = s["approximation"]

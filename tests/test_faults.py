@@ -16,6 +16,9 @@ from conftest import MPIEXEC, enspipe, events, said, summary, with_option
 
 BASE = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
         "--cores", "1", "--image-size", "32", "--shuffle-buffer", "16", "--cpu-monitor", "none"]
+# a lost rank or node fails the cell the same way whatever the backend: the pillow one starts in a
+# second, TensorFlow's in several
+PILLOW = ["--backend", "pillow"]
 
 
 def _copy(dataset, tmp_path, name="d") -> str:
@@ -174,7 +177,7 @@ def test_a_dataset_folder_without_data_is_refused(tmp_path):
 def _start(dataset, out, n, launcher=()):
     """A long All-Shared run in the background."""
     cmd = [MPIEXEC, *launcher, "-n", str(n), sys.executable, "-m", "enspipe", "run", "--data", dataset,
-           "--out", str(out), "--scheme", "all_shared", *with_option(BASE, "--steps", 2000)]
+           "--out", str(out), "--scheme", "all_shared", *with_option(BASE, "--steps", 2000), *PILLOW]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -229,7 +232,7 @@ def test_a_killed_rank_0_leaves_no_summary_and_the_next_run_frees_its_shared_mem
     """A SIGKILLed job leaves MPICH's /dev/shm segments behind (it unlinks them at MPI_Finalize);
     run after run they would fill /dev/shm. The next cell removes those no process uses, saying so."""
     before = _segments()
-    r = enspipe("run", "--data", dataset, "--out", tmp_path / "killed", "--scheme", "all_shared", *BASE, n=2,
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "killed", "--scheme", "all_shared", *BASE, *PILLOW, n=2,
                 env={"ENSPIPE_INJECT_FAULT": "0:3:kill"}, timeout=120)
     assert r.returncode != 0 and not (tmp_path / "killed" / "summary.json").exists()
     left = _segments() - before
@@ -237,7 +240,7 @@ def test_a_killed_rank_0_leaves_no_summary_and_the_next_run_frees_its_shared_mem
         pytest.skip("this MPICH left no segment in /dev/shm after the kill: nothing to free")
     for f in left:  # as if the kill were a while ago (a segment younger than 5 s may be a starting job's)
         os.utime(os.path.join("/dev/shm", f), (time.time() - 60, time.time() - 60))
-    r = enspipe("run", "--data", dataset, "--out", tmp_path / "next", "--scheme", "all_shared", *BASE, n=2)
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "next", "--scheme", "all_shared", *BASE, *PILLOW, n=2)
     assert r.returncode == 0, said(r)
     assert not left & _segments() and "orphaned MPICH shared-memory segments" in r.stderr
 
@@ -246,7 +249,7 @@ def test_a_killed_rank_0_leaves_no_summary_and_the_next_run_frees_its_shared_mem
 def test_a_rank_that_dies_in_native_code_leaves_its_python_stack(dataset, tmp_path):
     """A segmentation fault (as a library's native code may die) fails the cell, and the rank's
     Python stacks reach stderr (faulthandler), so the log says where it died."""
-    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--scheme", "all_shared", *BASE, n=2,
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--scheme", "all_shared", *BASE, *PILLOW, n=2,
                 env={"ENSPIPE_INJECT_FAULT": "1:3:crash"}, timeout=120)
     assert r.returncode != 0 and not (tmp_path / "o" / "summary.json").exists()
     assert "Fatal Python error: Segmentation fault" in r.stderr and "in inject" in r.stderr, said(r)

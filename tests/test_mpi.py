@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import enspipe, events, manifest, said, step_values, summary, with_option
+from conftest import cell_said, enspipe, events, manifest, run_cells, said, selected, step_values, summary, with_option
 
 from enspipe.measure.stages import STAGES
 
@@ -30,19 +30,31 @@ def _cells():
         yield from (pytest.param(*c, marks=() if c in QUICK else pytest.mark.slow) for c in cells)
 
 
+@pytest.fixture(scope="module")
+def matrix(request, dataset, tmp_path_factory) -> dict:
+    """The selected cells of the matrix below, one shared job (enspipe run-cells) per n: their folders."""
+    cases = selected(request, "test_exactly_once_for_every_member")
+    outs = {}
+    for n in sorted({c["n"] for c in cases}):
+        cells = {(n, c["scheme"], c["p"]): ["--data", dataset, "--scheme", c["scheme"],
+                                            *(["--preprocessors", c["p"]] if c["p"] else []), *COMMON]
+                 for c in cases if c["n"] == n}
+        outs |= run_cells(n, cells, tmp_path_factory.mktemp(f"matrix-n{n}"))
+    return outs
+
+
 @pytest.mark.parametrize("n, scheme, p", list(_cells()), ids=lambda v: str(v))
-def test_exactly_once_for_every_member(dataset, tmp_path, n, scheme, p):
-    extra = ["--preprocessors", p] if p else []
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", scheme, *extra, *COMMON, n=n)
-    assert r.returncode == 0, said(r)
-    s, want = summary(tmp_path), manifest(dataset)["digest"]
+def test_exactly_once_for_every_member(dataset, matrix, n, scheme, p):
+    out = matrix[(n, scheme, p)]
+    assert os.path.exists(os.path.join(out, "summary.json")), cell_said(out)
+    s, want = summary(out), manifest(dataset)["digest"]
     assert (s["scheme"], s["n"], len(s["ranks"])) == (scheme, n, n)
     assert s["cell"] == {"network": s["network"], "scheme": scheme, "n": n, "p": p or n, "cores": "1",
                          "consumer": s["consumer"], "rep": 0}  # the identity collect reads, as the grid names it
     for rank in s["ranks"]:
         assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]
         assert rank["images"] == 56
-    orders = [step_values(tmp_path, r) for r in range(n)]
+    orders = [step_values(out, r) for r in range(n)]
     if scheme == "baseline":
         assert all(rank["bytes_sent"] == 0 for rank in s["ranks"])
         if n > 1:

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from conftest import enspipe, manifest, said, step_values, summary
+from conftest import cell_said, enspipe, manifest, run_cells, said, selected, step_values, summary
 
 pytestmark = pytest.mark.mpi
 COMMON = ["--network", "tiny", "--consumer", "peak", "--batch-size", "8", "--steps", "7", "--warmup", "0",
@@ -48,12 +48,24 @@ def _expected_path(placement: str, group: list[int]) -> str:
     return "node-shm+mpi" if len(runs) == len(set(runs)) else "mpi"
 
 
+@pytest.fixture(scope="module")
+def across(request, dataset, tmp_path_factory) -> dict:
+    """The selected cells of the matrix below, one shared job (enspipe run-cells) per placement."""
+    cases = selected(request, "test_every_scheme_across_nodes_is_exact_and_bit_identical")
+    outs = {}
+    for placement in PLACEMENTS:
+        cells = {(placement, c["scheme"]): ["--data", dataset, "--scheme", c["scheme"], *SCHEMES[c["scheme"]], *COMMON]
+                 for c in cases if c["placement"] == placement}
+        if cells:
+            outs |= run_cells(4, cells, tmp_path_factory.mktemp(placement), launcher=PLACEMENTS[placement])
+    return outs
+
+
 @pytest.mark.parametrize("placement, scheme", [
     pytest.param(p, s, marks=() if (p, s) in QUICK else pytest.mark.slow) for p in PLACEMENTS for s in SCHEMES])
-def test_every_scheme_across_nodes_is_exact_and_bit_identical(dataset, alone, tmp_path, placement, scheme):
-    r = enspipe("run", "--data", dataset, "--out", tmp_path, "--scheme", scheme, *SCHEMES[scheme], *COMMON, n=4,
-                launcher=PLACEMENTS[placement])
-    assert r.returncode == 0, said(r)
+def test_every_scheme_across_nodes_is_exact_and_bit_identical(dataset, alone, across, placement, scheme):
+    tmp_path = across[(placement, scheme)]
+    assert os.path.exists(os.path.join(tmp_path, "summary.json")), cell_said(tmp_path)
     s, want = summary(tmp_path), manifest(dataset)["digest"]
     for rank in s["ranks"]:
         assert rank["epochs"] == [{"epoch": 0, "count": 50, "digest": want, "missing": 0}], rank["rank"]

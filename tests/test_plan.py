@@ -253,7 +253,7 @@ def test_scheme_auto_runs_the_plans_choice_and_labels_it(dataset, tmp_path):
     out = tmp_path / "auto"
     r = enspipe("run", "--data", dataset, "--out", out, "--scheme", "auto", "--rate-from", rates, "--consumer",
                 "emulated", "--batch-size", "12", "--image-size", "64", "--steps", "4", "--warmup", "1",
-                "--cores", "1", "--cpu-monitor", "psutil", "--plan-comm", comm, n=2)
+                "--cores", "1", "--cpu-monitor", "psutil", "--plan-comm", comm, "--backend", "pillow", n=2)
     assert r.returncode == 0, said(r)
     s = summary(out)
     planned = s["planned"]

@@ -147,10 +147,16 @@ def test_the_optuna_example_runs_a_search_whose_trials_share_the_server(tmp_path
 
     data = str(tmp_path / "d240")
     make_dataset(data, 240, seed=1, num_classes=10, images_per_shard=80)
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))  # the example's own server socket, here
-    r = subprocess.run([sys.executable, os.path.join(HERE, "..", "examples", "optuna_search.py"), "--data", data,
-                        "--trials", "6", "--workers", "3", "--epochs", "3"], capture_output=True, text=True,
-                       timeout=300, env=env)
+    import shutil
+    import tempfile
+
+    runtime = tempfile.mkdtemp(prefix="enspipe-")  # the example's own server socket, in a short path (< 108 bytes)
+    try:
+        r = subprocess.run([sys.executable, os.path.join(HERE, "..", "examples", "optuna_search.py"), "--data", data,
+                            "--trials", "6", "--workers", "3", "--epochs", "3"], capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, XDG_RUNTIME_DIR=runtime))
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     trials = [line for line in r.stdout.splitlines() if line.startswith("trial ")]
     assert len(trials) == 6

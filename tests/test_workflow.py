@@ -1,6 +1,7 @@
 """The Snakemake workflow: lint, dry runs, a full local run of config/test.yaml, a rerun of one
-cell by its target name, and the same grid through a real Slurm cluster where one is up
-(`.ci/slurm-up` starts a one-node cluster on localhost; CI does)."""
+cell by its target name, and the same grid through a real Slurm cluster where a one-node cluster
+is up (`.ci/slurm-up`; with `.ci/slurm-up --nodes 3`, as CI runs, tests/test_cluster.py runs the
+Slurm profile across namespaced hosts instead)."""
 import io
 import json
 import os
@@ -53,6 +54,7 @@ def _planned_cells(r) -> set[str]:
             if "output: results/runs/" in line}
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", [None, *(pytest.param(name, marks=pytest.mark.slow)
                                           for name in ("config", "full", "test", "paper", "cluster"))])
 def test_a_dry_run_lists_exactly_the_configs_own_cells(tmp_path, name):
@@ -126,23 +128,6 @@ def test_a_short_workflow_run_end_to_end(tmp_path):
     assert (tmp_path / "results" / "figures" / "paper_vs_run.md").stat().st_size > 0
 
 
-@pytest.mark.slow
-def test_a_forced_cell_of_a_shared_job_runs_alone(tmp_path):
-    """`make cell` (snakemake -f on one summary) after a run in shared jobs: that cell runs again,
-    alone, and the job does not."""
-    cfg = {k: v for k, v in _config("test").items() if k not in ("lag", "heterogeneous")}
-    cfg |= {"experiments": SMOKE, "steps": 7, "cells_per_job": 2}
-    path = tmp_path / "smoke.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    assert snakemake("--cores", "2", "--configfile", path, workdir=tmp_path).returncode == 0
-    one = grid.cells(cfg)[0]
-    r = snakemake("--cores", "2", "--configfile", path, "-f", _summary(one), workdir=tmp_path)
-    assert r.returncode == 0, said(r)
-    assert "cell_job" not in r.stdout + r.stderr
-    with open(tmp_path / _summary(one)) as f:
-        assert "shared_job" not in json.load(f)
-
-
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     wd = tmp_path_factory.mktemp("local")
@@ -207,24 +192,38 @@ def _report_images(html: str) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_one_cell_reruns_by_its_target_name(local_run):
+def test_one_cell_reruns_by_its_target_name_alone(local_run):
+    """`make cell` (snakemake -f on one summary) after a run in shared jobs: that cell runs again,
+    alone, and its job does not."""
     wd, r = local_run
     assert r.returncode == 0
-    cell = next(c for c in grid.cells(_config("test")) if c.n == 2)
+    cell = next(c for c in grid.cells(_config("test")) if c.n == 2 and c.scheme == "all_shared")
+    with open(wd / _summary(cell)) as f:
+        assert json.load(f)["shared_job"]["cells"] > 1  # it ran in a shared job
     before = os.path.getmtime(wd / _summary(cell))
     rr = snakemake("--cores", "2", "--configfile", os.path.join(ROOT, "config", "test.yaml"), "-f", _summary(cell),
                    workdir=wd)
     assert rr.returncode == 0, said(rr)
     assert os.path.getmtime(wd / _summary(cell)) > before
-    assert "1 of 1 steps" in rr.stderr  # that cell alone
+    assert "1 of 1 steps" in rr.stderr and "cell_job" not in rr.stdout + rr.stderr  # that cell alone
+    with open(wd / _summary(cell)) as f:
+        assert "shared_job" not in json.load(f)
 
 
 def _slurm_up() -> bool:
     return any(s in state for state in slurm_nodes().values() for s in ("idle", "mixed"))
 
 
+def _namespaced_cluster() -> bool:
+    from test_cluster import _nodes
+
+    return len(_nodes()) >= 3
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster here (.ci/slurm-up starts one on localhost)")
+@pytest.mark.skipif(_namespaced_cluster(), reason="tests/test_cluster.py runs the Slurm profile across the namespaced "
+                    "hosts (the test grid runs once, locally)")
 def test_slurm_profile_runs_the_test_grid(tmp_path):
     # the localhost cluster keeps no accounting database: account and status come from squeue
     r = snakemake("--profile", "slurm", "--configfile", os.path.join(ROOT, "config", "test.yaml"),
