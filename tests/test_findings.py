@@ -114,6 +114,17 @@ def test_reduction_finding():
     assert holds(findings.reduction_finding, fig12=t12([10.8, 3.5, 2.4])) == NO  # above the ceiling of n = 8
     assert holds(findings.reduction_finding, fig12=t12([7.5, 3.5, 2.4], "emulated")) == UNTESTABLE
     assert holds(findings.reduction_finding, fig12=t12([10.8, 3.5, 2.4], "emulated")) == NO
+    # the same cell above n on a machine whose repeats stray by 23%: the invariant cannot call it a
+    # measuring error (within that noise), so the order is judged, here not testable with emulated
+    # accelerators; far above n it is still one
+    def run(reduction):
+        noisy = [{"cell": f"b{r}", "network": "vgg_a", "scheme": "baseline", "n": 1, "batch_size": 48,
+                  "process_cpu_seconds_per_image": v} for r, v in enumerate((0.0024, 0.0031, 0.0034))]
+        return cells({"cell": "as8", "network": "alexnet_v2", "scheme": "all_shared", "n": 8, "cores": "all",
+                      "cpu_reduction_node": reduction, "cpu_reduction_process": reduction, "reduction_ceiling": 8,
+                      "exceeds_ceiling": True}, *noisy)
+    assert holds(findings.reduction_finding, run(10.8), fig12=t12([10.8, 3.5, 2.4], "emulated")) == UNTESTABLE
+    assert holds(findings.reduction_finding, run(14.0), fig12=t12([14.0, 3.5, 2.4], "emulated")) == NO
 
 
 def test_slowdown_finding():
@@ -433,7 +444,9 @@ def test_a_no_among_busy_hosts_reads_node_not_quiet():
 
 def test_the_planner_within_its_measured_spread():
     """The run of the issue: auto chose All-Shared, the best measured scheme, and ran at 0.83x its
-    one cell; with the run's repeats 20% apart that is within noise, where tight repeats say no."""
+    one cell. With the run's repeats 20% apart, that is one more All-Shared cell within the scheme's
+    spread: the choice holds. With tight repeats it ran slower than the scheme it chose: no. Where
+    auto chose another scheme, a margin to the goal inside the spread is within noise."""
     from enspipe.report import predicted
 
     def run(noisy: bool):
@@ -449,6 +462,9 @@ def test_the_planner_within_its_measured_spread():
         return df, {"planner": predicted.planner_choices(df, pd.DataFrame({"cell": df["cell"], "predicted_rate": 800.0}))}
 
     df, t = run(noisy=True)
-    assert findings.verdict(findings.planner_finding, df, t)["holds"] == findings.WITHIN_NOISE
+    assert findings.verdict(findings.planner_finding, df, t)["holds"] == YES
     df, t = run(noisy=False)
     assert findings.verdict(findings.planner_finding, df, t)["holds"] == NO
+    other = t["planner"].assign(chosen="single_broadcast (P=1)", rate_vs_best=0.85)
+    df, _ = run(noisy=True)
+    assert findings.verdict(findings.planner_finding, df, {"planner": other})["holds"] == findings.WITHIN_NOISE

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from enspipe.report import tables
+from enspipe.report.ceiling import unjudgeable
 from enspipe.report.collect import CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, ratio_noise, repeat_noise
 from enspipe.report.verdicts import (BY_DESIGN, CO_RUNNING_TOLERANCE, FULL_RUN, NETWORKS, NOT_ENOUGH, NOT_TESTABLE,
                                      WITHIN_NOISE,
@@ -196,7 +197,13 @@ def reduction_finding(df, t):
     red = by_network(t12, "reduction")
     text = f"n={t12['n'].max()}: " + fmt(red, "x") + "; process CPU: " + fmt(by_network(t12, "reduction_process"), "x")
     above = t12[tables.flag(t12, "exceeds_ceiling")]
-    if len(above):
+    shared = df[df["scheme"] == "all_shared"] if len(above) else df.iloc[0:0]
+    unsure = unjudgeable(df, shared[shared["cell"].isin(cells_like(shared, above, ["network", "n", "cores"]))]
+                         .dropna(subset=["exceeds_ceiling"])) if len(shared) else ""
+    if unsure:
+        text += "; above n within the run's noise (the invariant's row says why it cannot judge them): " + \
+            ", ".join(f"{r.network} n={r.n} cores {r.cores}" for r in above.itertuples())
+    elif len(above):
         return Verdict(text, False, "reduction above n, a measuring error (the invariant's row names the clock), "
                                     "in: " + ", ".join(
             f"{r.network} n={r.n} cores {r.cores} ({r.reduction:.2f}x node / {r.reduction_process:.2f}x process)"
