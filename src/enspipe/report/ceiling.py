@@ -9,6 +9,7 @@ import pandas as pd
 from enspipe.report import tables
 from enspipe.report.collect import (BASELINE_KEY, CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, MIN_JUDGED_WINDOW,
                                     ratio_noise, repeat_noise)
+from enspipe.report.verdicts import NOT_TESTABLE, WITHIN_NOISE
 
 
 def own_reduction(d: pd.DataFrame) -> pd.Series:
@@ -29,23 +30,24 @@ def which_clock(r) -> str:
     return f"{r.cell} ({r.cpu_reduction_node / r.n:.2f} n on the node clock; {why})"
 
 
-def unjudgeable(df: pd.DataFrame, above: pd.DataFrame) -> str:
-    """Why the cells ``above`` n cannot be called a measuring error ("" where they can): every one
-    measured a window too short to count only its own work, or the run's repeats stray so far that
-    a ratio of two cells may exceed the invariant's largest tolerance and every one is within that."""
+def unjudgeable(df: pd.DataFrame, above: pd.DataFrame) -> tuple[str, str]:
+    """``(word, why)`` where the cells ``above`` n cannot be called a measuring error (``("", "")``
+    where they can): not testable where every one measured a window too short to count only its own
+    work; within noise where the run's repeats stray so far that a ratio of two cells may exceed the
+    invariant's largest tolerance and every one is within that."""
     short = above["window_seconds"] < MIN_JUDGED_WINDOW
     if len(above) and short.all():
         windows = ", ".join(f"{c}: {w:.2g} s" for c, w in zip(above["cell"], above["window_seconds"]))
-        return (f"every cell above n measured a window shorter than {MIN_JUDGED_WINDOW:g} s ({windows}), too short "
+        return NOT_TESTABLE, (f"every cell above n measured a window shorter than {MIN_JUDGED_WINDOW:g} s ({windows}), too short "
                 "to count only its own work; measure more steps (the config's `steps`, `--steps`) to judge it")
     noise = repeat_noise(df, "process")
     if len(above) and ratio_noise(noise) > MAX_CEILING_TOLERANCE and \
             (own_reduction(above) / above["n"] <= 1 + ratio_noise(noise)).all():
-        return (f"this run's own repeats of one cell differ by up to {noise:.0%}, so a ratio of two cells by up to "
+        return WITHIN_NOISE, (f"this run's own repeats of one cell differ by up to {noise:.0%}, so a ratio of two cells by up to "
                 f"{ratio_noise(noise):.0%}, more than the {MAX_CEILING_TOLERANCE:.0%} the invariant allows, and every "
                 f"cell above n is within that noise ({', '.join(above['cell'])}); a quieter machine, or more "
                 "repeats, can judge it")
-    return ""
+    return "", ""
 
 
 def ceiling_text(d: pd.DataFrame) -> str:

@@ -11,7 +11,7 @@ from enspipe.report.collect import (CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, MI
                                     repeat_noise)
 from enspipe.report.verdicts import (FULL_RUN, IDENTICAL_WORK_SPREAD, NOT_ENOUGH, NOT_QUIET, NOT_TESTABLE,
                                      OUTSIDE_SHARE, WITHIN_NOISE, Verdict, against, all_of, cells_like, finding,
-                                     holds_all, node_cpu_gaps, noise_text, rate_noise, untestable)
+                                     holds_all, node_cpu_gaps, noise_text, rate_noise)
 
 
 # -- invariants of any honest measurement ----------------------------------------------------------
@@ -29,9 +29,9 @@ def ceiling_finding(df, t):
     text = ceiling_text(d)
     above = d[tables.flag(d, "exceeds_ceiling")]
     if len(above):
-        why = unjudgeable(df, above)
-        if why:
-            return untestable(text, why)
+        word, why = unjudgeable(df, above)
+        if word:
+            return Verdict(text, word, why, tuple(above["cell"]))
         return Verdict(text, False, "above n: " + ", ".join(which_clock(r) for r in above.itertuples())
                        + node_cpu_gaps(df), tuple(above["cell"]))
     return Verdict(text, True, "reductions from cells.csv, judged on the process clock" + node_clock_note(df, d)

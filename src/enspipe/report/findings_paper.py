@@ -197,11 +197,11 @@ def reduction_finding(df, t):
     red = by_network(t12, "reduction")
     text = f"n={t12['n'].max()}: " + fmt(red, "x") + "; process CPU: " + fmt(by_network(t12, "reduction_process"), "x")
     above = t12[tables.flag(t12, "exceeds_ceiling")]
-    shared = df[df["scheme"] == "all_shared"] if len(above) else df.iloc[0:0]
-    unsure = unjudgeable(df, shared[shared["cell"].isin(cells_like(shared, above, ["network", "n", "cores"]))]
-                         .dropna(subset=["exceeds_ceiling"])) if len(shared) else ""
+    shared = df[df["scheme"] == "all_shared"] if len(above) and "cell" in df else df.iloc[0:0]
+    shared = shared[shared["cell"].isin(cells_like(shared, above, ["network", "n", "cores"]))]
+    unsure, _ = unjudgeable(df, shared.dropna(subset=["exceeds_ceiling"])) if len(shared) else ("", "")
     if unsure:
-        text += "; above n within the run's noise (the invariant's row says why it cannot judge them): " + \
+        text += f"; above n but {unsure} (the invariant's row says why it cannot call them a measuring error): " + \
             ", ".join(f"{r.network} n={r.n} cores {r.cores}" for r in above.itertuples())
     elif len(above):
         return Verdict(text, False, "reduction above n, a measuring error (the invariant's row names the clock), "
