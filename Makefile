@@ -49,9 +49,10 @@ test-all: $(STAMP)
 	$(BIN)/pytest -n $(WORKERS) --dist loadfile
 	if [ -x .venv-horovod/bin/pytest ]; then .venv-horovod/bin/pytest tests/test_horovod.py; fi
 
-# The tests marked mpi, slow or timing, 10 times each under 2 busy loops (CI's loaded 2 cores), with a
-# table of each one that failed: `make test-stress STRESS="--repeats 10 tests/test_serve.py -m ''"` for one file
-STRESS ?=
+# The tests marked mpi, slow or timing, 10 times each under 2 busy loops (CI's loaded 2 cores), run
+# as CI runs them (WORKERS xdist workers), with a table of each one that failed (docs/testing.md):
+# `make test-stress STRESS="--repeats 10 tests/test_serve.py -m ''"` for one file
+STRESS ?= -n $(WORKERS) --dist loadfile
 test-stress: $(STAMP)
 	$(BIN)/python tests/stress.py $(STRESS)
 
