@@ -40,13 +40,15 @@ cell: $(STAMP)
 # WORKERS pytest processes side by side (pytest-xdist), each taking whole files (a file's shared jobs
 # run once); the tests wait on processes, Slurm and emulated accelerators about a third of the time
 WORKERS ?= 2
+# then the tests marked alone, with nothing beside them (they check what enspipe frees machine-wide)
 test: $(STAMP)
-	$(BIN)/pytest -m "not slow" -n $(WORKERS) --dist loadfile
+	$(BIN)/pytest -m "not slow and not alone" -n $(WORKERS) --dist loadfile; a=$$?; \
+	$(BIN)/pytest -m "not slow and alone"; exit $$(( a | $$? ))
 
 # The Horovod transport's tests run where .venv-horovod was built (`make horovod`; CI builds it);
 # in .venv they skip, saying why.
 test-all: $(STAMP)
-	$(BIN)/pytest -n $(WORKERS) --dist loadfile
+	$(BIN)/pytest -m "not alone" -n $(WORKERS) --dist loadfile; a=$$?; $(BIN)/pytest -m alone; exit $$(( a | $$? ))
 	if [ -x .venv-horovod/bin/pytest ]; then .venv-horovod/bin/pytest tests/test_horovod.py; fi
 
 # The tests marked mpi, slow or timing, 10 times each under 2 busy loops (CI's loaded 2 cores), run

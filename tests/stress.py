@@ -4,7 +4,8 @@ failure rate: ``python tests/stress.py [--repeats K] [--hogs H] [-m EXPR] [pytes
 
 The tests that spawn processes or time something are the ones that pass on a quiet machine and
 fail on a busy one: by default those marked ``mpi``, ``slow`` or ``timing``. Each of the K runs is
-one pytest session over them, with H busy loops (``sh -c 'while :; do :; done'``) on the cores the
+one pytest session over them, then one over those of them marked ``alone`` (without xdist's
+options, as ``make test`` runs them), with H busy loops (``sh -c 'while :; do :; done'``) on the cores the
 whole time. The table lists every test that failed at least once (runs, failures, the first
 failure's last line) and the slowest; ``--out DIR`` keeps each run's JUnit XML and the table
 (``stress.md``). Exit status 1 where any test failed in any run.
@@ -39,16 +40,32 @@ def parse(argv):
     return p.parse_known_args(argv)
 
 
-def run_once(i: int, a, rest: list[str], out: str) -> str:
-    xml = os.path.join(out, f"run{i:02d}.xml")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *rest]
-    if a.marks:
-        cmd += ["-m", a.marks]
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
-    print(f"run {i + 1}/{a.repeats}: {time.monotonic() - t0:.0f} s, exit {r.returncode}: {tail}", flush=True)
-    return xml
+def run_once(i: int, a, rest: list[str], out: str) -> list[str]:
+    """One session: the selected tests, then those of them marked ``alone`` with nothing beside
+    them (without xdist's options), as ``make test`` runs them. Returns its JUnit XML files."""
+    xmls, t0, tails = [], time.monotonic(), []
+    marks = f"({a.marks}) and " if a.marks else ""
+    for suffix, part, args in (("", f"{marks}not alone", rest), ("-alone", f"{marks}alone", without_xdist(rest))):
+        xml = os.path.join(out, f"run{i:02d}{suffix}.xml")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args, "-m", part]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        tails.append(f"exit {r.returncode}: " + (r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""))
+        xmls.append(xml)
+    print(f"run {i + 1}/{a.repeats}: {time.monotonic() - t0:.0f} s; " + "; alone: ".join(tails), flush=True)
+    return xmls
+
+
+def without_xdist(args: list[str]) -> list[str]:
+    """pytest arguments less pytest-xdist's ``-n N``, ``--numprocesses N`` and ``--dist MODE``."""
+    out, skip = [], False
+    for x in args:
+        if skip:
+            skip = False
+        elif x in ("-n", "--numprocesses", "--dist"):
+            skip = True
+        elif not x.startswith(("-n=", "--numprocesses=", "--dist=")) and not (x.startswith("-n") and x[2:].isdigit()):
+            out.append(x)
+    return out
 
 
 def outcomes(xml: str):
@@ -62,7 +79,7 @@ def outcomes(xml: str):
         yield name, kind, float(case.get("time", 0)), message.strip().splitlines()[-1] if message.strip() else ""
 
 
-def table(xmls: list[str]) -> tuple[str, bool]:
+def table(xmls: list[str], sessions: int) -> tuple[str, bool]:
     runs, failed, seconds, first = collections.Counter(), collections.Counter(), collections.defaultdict(list), {}
     for xml in xmls:
         for name, kind, secs, message in outcomes(xml):
@@ -73,7 +90,7 @@ def table(xmls: list[str]) -> tuple[str, bool]:
             if kind in ("failure", "error"):
                 failed[name] += 1
                 first.setdefault(name, message[:160])
-    lines = [f"{len(runs)} tests, {len(xmls)} runs; {len(failed)} failed at least once", ""]
+    lines = [f"{len(runs)} tests, {sessions} runs; {len(failed)} failed at least once", ""]
     if failed:
         lines += ["| test | runs | failed | first failure |", "|---|---|---|---|"]
         lines += [f"| {n} | {runs[n]} | {failed[n]} | {first[n].replace('|', '/')} |" for n, _ in failed.most_common()]
@@ -92,12 +109,12 @@ def main(argv=None) -> int:
     print(f"{a.repeats} runs of pytest -m {a.marks!r} {' '.join(rest)} beside {a.hogs} busy loops; "
           f"{os.cpu_count()} cores; results in {out}", flush=True)
     try:
-        xmls = [run_once(i, a, rest, out) for i in range(a.repeats)]
+        xmls = [x for i in range(a.repeats) for x in run_once(i, a, rest, out)]
     finally:
         for h in hogs:
             h.kill()
             h.wait()
-    text, any_failed = table(xmls)
+    text, any_failed = table(xmls, a.repeats)
     with open(os.path.join(out, "stress.md"), "w") as f:
         f.write(text)
     print(text)

@@ -228,6 +228,7 @@ def _segments() -> set[str]:
 
 
 @pytest.mark.mpi
+@pytest.mark.alone  # any enspipe run beside it (another xdist worker's) would free the orphans first
 def test_a_killed_rank_0_leaves_no_summary_and_the_next_run_frees_its_shared_memory(dataset, tmp_path):
     """A SIGKILLed job leaves MPICH's /dev/shm segments behind (it unlinks them at MPI_Finalize);
     run after run they would fill /dev/shm. The next cell removes those no process uses, saying so."""

@@ -142,6 +142,7 @@ def _pools_of(pid: int) -> list[str]:
     return glob.glob(os.path.join(SHM_DIR, f"{POOL_PREFIX}{pid}-*"))
 
 
+@pytest.mark.alone  # a server started beside it (another xdist worker's) would remove the dead pool first
 def test_a_server_killed_with_sigkill_leaves_no_pool(tmp_path, dataset):
     """Its consumer, finding it gone, removes its pool at once; a killed server without consumers
     leaves its pool until the next server starts, which removes it at once (however young)."""
