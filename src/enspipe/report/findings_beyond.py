@@ -10,8 +10,8 @@ from enspipe.report.ceiling import ceiling_text, node_clock_note, unjudgeable, w
 from enspipe.report.collect import (CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, MIN_JUDGED_WINDOW, ratio_noise,
                                     repeat_noise)
 from enspipe.report.verdicts import (FULL_RUN, IDENTICAL_WORK_SPREAD, NOT_ENOUGH, NOT_QUIET, NOT_TESTABLE,
-                                     OUTSIDE_SHARE, WITHIN_NOISE, Verdict, against, all_of, cells_like, finding,
-                                     holds_all, node_cpu_gaps, noise_text, rate_noise)
+                                     OUTSIDE_SHARE, Verdict, against, all_of, cells_like, finding,
+                                     holds_all, node_cpu_gaps, within, noise_text, rate_noise)
 
 
 # -- invariants of any honest measurement ----------------------------------------------------------
@@ -51,8 +51,7 @@ def identical_work_finding(df, t):
         med = g.groupby("scheme")["images_per_second_per_member"].median()
         spread = (med.max() - med.min()) / med.median()
         reps = g.groupby("scheme").size().min()
-        answers.append(WITHIN_NOISE if abs(spread - IDENTICAL_WORK_SPREAD) <= ratio_noise(noise)
-                       else bool(spread <= IDENTICAL_WORK_SPREAD))
+        answers.append(within(spread, IDENTICAL_WORK_SPREAD, ratio_noise(noise)))
         parts.append(f"{g['network'].iloc[0]} cores {g['cores'].iloc[0]}: {med.min():.0f}-{med.max():.0f} img/s "
                      f"({spread:.0%}, {reps}+ repeats)")
     cells = tuple(c for g in groups for c in g["cell"])
@@ -130,18 +129,13 @@ def prediction_finding(df, t):
              for r in e.itertuples()]
     # a prediction rests on a calibration and is judged against a cell: each as noisy as the run's repeats
     rate, cpu = ratio_noise(rate_noise(df)), ratio_noise(repeat_noise(df, "process"))
-    ok = [all_of([_within_goal(r.rate_median_abs_error, GOAL, rate), _within_goal(r.cpu_median_abs_error, GOAL, cpu)])
+    ok = [all_of([within(r.rate_median_abs_error, GOAL, rate), within(r.cpu_median_abs_error, GOAL, cpu)])
           for r in e.itertuples()]
     worst = e.assign(w=e[["rate_median_abs_error", "cpu_median_abs_error"]].max(axis=1)).sort_values("w").iloc[-1]
     return Verdict("median |error|: " + "; ".join(parts), holds_all(ok),
                    f"prediction_vs_measurement.csv; goal {GOAL:.0%}; furthest: {worst.scheme}; the errors' noise: rate "
                    f"{rate:.0%}, CPU {cpu:.0%} (a ratio of two of the run's repeats)",
                    tuple(t["prediction"].dropna(subset=["rate_error"])["cell"]))
-
-
-def _within_goal(error: float, goal: float, noise: float) -> bool | str:
-    """An absolute relative error against its goal: within noise where they are closer than it."""
-    return WITHIN_NOISE if abs(error - goal) <= noise else bool(error <= goal)
 
 
 def _planner_answer(r, noise: float) -> bool | str:

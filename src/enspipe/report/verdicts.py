@@ -113,6 +113,13 @@ def against(value: float, threshold: float, noise: float, at_least: bool = True)
     return bool(margin > 0 if at_least else margin < 0)
 
 
+def within(value: float, limit: float, noise: float) -> bool | str:
+    """A relative spread or error ``value`` against the most it may be, ``limit``: True or False
+    where they are further apart than ``noise`` (an absolute difference of fractions), else
+    :data:`WITHIN_NOISE`."""
+    return WITHIN_NOISE if abs(value - limit) <= noise else bool(value <= limit)
+
+
 def all_of(answers: list) -> bool | str:
     """Answers of :func:`against` that must all hold: False where one fails, :data:`WITHIN_NOISE`
     where none fails and one is within noise, else True."""
