@@ -152,9 +152,10 @@ def _exactly_once(res: list[dict], n: int, images: int, epochs: int) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("scheme, p", EVERY_SCHEME)
 def test_every_scheme_delivers_each_sample_once_without_tensorflow(dataset, tmp_path, scheme, p):
-    """50 samples, batches of 10, 15 steps: three whole epochs on each of 3 members."""
+    """50 samples, batches of 10, 15 steps: three whole epochs on each of 3 members, each
+    preprocessing on 2 cores (its 2 worker processes)."""
     r, res = members("keep", 3, tmp_path, without_tf=True, data=dataset, batch_size=10, image_size=32,
-                     scheme=scheme, preprocessors=p, steps=15, backend="pillow", wire_dtype="uint8")
+                     scheme=scheme, preprocessors=p, steps=15, backend="pillow", wire_dtype="uint8", threads=2)
     assert r.returncode == 0, said(r)
     _exactly_once(res, 3, 50, 3)
     assert res[0]["spec"] == [[32, 32, 3], "uint8"]
@@ -186,11 +187,11 @@ def test_an_image_folder_without_tensorflow_skips_and_counts_what_cannot_be_deco
     out = tmp_path / "out"
     out.mkdir()
     r, res = members("keep", 2, out, without_tf=True, data=str(root), batch_size=13, image_size=32, steps=3,
-                     backend="pillow", skip_corrupt=True, shuffle_buffer=0)
+                     backend="pillow", skip_corrupt=True, shuffle_buffer=0, threads=2)
     assert r.returncode == 0, said(r)
     assert [(e["count"], e["missing"]) for e in res[0]["epochs"]][:2] == [(12, 1), (12, 1)]
     r, _ = members("keep", 2, out, without_tf=True, data=str(root), batch_size=13, image_size=32, steps=2,
-                   backend="pillow", shuffle_buffer=0)
+                   backend="pillow", shuffle_buffer=0, threads=2)
     assert r.returncode != 0 and "dog/cut.jpg: undecodable image" in r.stderr, r.stderr[-2000:]
 
 

@@ -187,7 +187,7 @@ def test_make_dataset_cli(tmp_path):
     ([0, 1, 2, 3], 2, 8, True, 4),   # a share of 4 of 8 cores
 ])
 def test_thread_pools_are_sized_from_the_hosts_cores(cores, members, host_cpus, sharing, threads):
-    from enspipe.run.placement import Placement
+    from enspipe.engine.placement import Placement
 
     p = Placement("h", 0, members, host_cpus, 0, cores, sharing, {})
     assert p.threads == threads

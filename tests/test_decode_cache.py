@@ -114,7 +114,7 @@ def test_cached_pixels_give_the_encoded_paths_values(impl):
 
     from enspipe.data.preprocessing import UserPreprocess
     from enspipe.data.synthetic import synthetic_jpeg
-    from enspipe.run.pipeline import element_fn
+    from enspipe.engine.backends.tf import element_fn
 
     user = UserPreprocess(lambda image, seed: tf.image.resize(image, [16, 16]) + tf.cast(seed[1], tf.float32),
                           (16, 16, 3), np.dtype(np.float32))

@@ -9,7 +9,7 @@ from enspipe.plan.errors import ConfigError
 
 FAULTS = """
 import ctypes, ctypes.util, resource, sys
-from enspipe.run.memory import set_malloc
+from enspipe.engine.memory import set_malloc
 print(set_malloc(sys.argv[1]))
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, (ctypes.c_size_t,), (ctypes.c_void_p,)

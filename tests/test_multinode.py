@@ -112,7 +112,7 @@ def test_across_nodes_equals_mpi_collectives_on_one_node(dataset, alone, tmp_pat
 
 def test_hosts_on_one_kernel_share_its_cores():
     """Namespaced nodes or containers on one machine: their members together may oversubscribe it."""
-    from enspipe.run.placement import _machine_oversubscription
+    from enspipe.engine.placement import _machine_oversubscription
 
     hosts = {"n1": {"members": 2, "cpus": 2, "kernel": "k", "oversubscribed": False},
              "n2": {"members": 2, "cpus": 2, "kernel": "k", "oversubscribed": False},

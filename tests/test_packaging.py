@@ -61,7 +61,7 @@ def test_horovod_environment_is_the_run_requirements_at_tensorflow_2_15():
     assert "horovod==0.28.1" in script
 
 
-LAYERS = ("common", "measure", "data", "models", "plan", "exchange", "run", "serve", "api", "report", "commands")  # bottom to top
+LAYERS = ("common", "measure", "data", "models", "plan", "exchange", "engine", "run", "serve", "api", "report", "commands")  # bottom to top
 
 
 def test_packages_import_only_downward():

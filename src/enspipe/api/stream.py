@@ -56,7 +56,7 @@ class SharedStream:
     * ``comm``: the MPI communicator whose ranks are the members (default ``MPI.COMM_WORLD``);
     * ``peer_timeout``: seconds a member may go unheard before the job is aborted (default 30);
     * ``malloc``: ``"keep"`` (default) lets this process's malloc reuse freed images' pages
-      instead of faulting them in afresh (see :mod:`enspipe.run.memory`); ``"system"`` leaves it;
+      instead of faulting them in afresh (see :mod:`enspipe.engine.memory`); ``"system"`` leaves it;
     * ``threads``: the preprocessing pool's size (default: this member's fair share of its host's
       cores);
     * ``members_per_rank``: K ensemble members in this process (Crossbow's several models per
@@ -241,9 +241,9 @@ class SharedStream:
         from enspipe.common.liveness import Heartbeat
         from enspipe.data.ledger import EpochLedger
         from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme, node_groups
-        from enspipe.run.memory import set_malloc
-        from enspipe.run.pipeline import build_pipeline
-        from enspipe.run.placement import place
+        from enspipe.engine.memory import set_malloc
+        from enspipe.engine.pipeline import build_pipeline
+        from enspipe.engine.placement import place
 
         MPI, comm, cfg = _mpi(), self._comm, self.config
         self.malloc = set_malloc(malloc)
@@ -277,7 +277,7 @@ class SharedStream:
         if self._closed:
             raise StreamClosed("the stream is closed")
         from enspipe.exchange.base import Batch
-        from enspipe.run.pipeline import Stopped
+        from enspipe.engine.pipeline import Stopped
 
         try:
             batch: Batch = self._pipeline.next_batch()

@@ -30,7 +30,7 @@ TRANSPORTS = ("mpi4py", "horovod")
 CPU_MONITORS = ("auto", "mpstat", "psutil", "none")
 POWER_SOURCES = ("auto", "rapl", "nvml", "slurm", "external", "modelled")
 ON_CORRUPT = ("fail", "skip")
-MALLOC_POLICIES = ("keep", "system")  # enspipe.run.memory.set_malloc's
+MALLOC_POLICIES = ("keep", "system")  # enspipe.engine.memory.set_malloc's
 TFDATA_COMPRESSIONS = ("none", "AUTO")  # the tf.data service's register_dataset compression
 
 

@@ -4,7 +4,7 @@ One member's pipeline is a chain of overlapped stages (read and preprocess, exch
 so in the steady state a member delivers batches at the pace of its slowest stage. Per global
 batch of ``B`` images of ``m`` bytes in all (``B x size^2 x 3`` x 4 bytes on a float32 wire, x 1 on
 uint8), with ``c`` cores per preprocessor. enspipe places ``k`` members on a node of ``C`` cores
-(``enspipe.run.affinity.assign_cores``, ``Placement.threads``): with a core limit ``L`` and
+(``enspipe.engine.affinity.assign_cores``, ``Placement.threads``): with a core limit ``L`` and
 ``k L <= C`` each member is pinned to ``L`` cores of its own and sizes its pools to them; otherwise
 the members share cores and each sizes its pools to ``t = max(1, min(L or C, C // k))`` threads. A
 preprocessor then runs on ``c = min(t, C / busy)`` cores, ``busy`` the node's members that

@@ -54,7 +54,7 @@ class StreamConfig:
     approximation (its error is measured and reported in the summary), and the cheapest.
 
     ``decode_cache``: a budget (bytes, or a size such as ``"8GB"``; 0: off) of node-shared memory
-    that keeps decoded images (:mod:`enspipe.run.decode_cache`): from the second time a sample is
+    that keeps decoded images (:mod:`enspipe.engine.decode_cache`): from the second time a sample is
     preprocessed on a node, its pixels come from there instead of a decode. The augmentation runs
     as before, on the tf backend with the same values; the pillow backend then decodes whole
     images (no DCT-scaled decode), which changes its values slightly.

@@ -98,7 +98,7 @@ def run_in_job(cells: list[CellSpec], cfgs: list) -> int:
     """One rank of the job: every cell not yet done, in order, on the whole job's communicator.
     A failed cell aborts the job (:func:`enspipe.run.job.fail`)."""
     from enspipe.common.liveness import die_with_launcher
-    from enspipe.run.affinity import available_cores, pin_process
+    from enspipe.engine.affinity import available_cores, pin_process
     from enspipe.run.member import before_mpi, run_on
 
     die_with_launcher()

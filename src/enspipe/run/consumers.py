@@ -169,7 +169,6 @@ class TrainConsumer:
         this rank's part summed over the member's ranks (= the whole batch's mean gradient)."""
         if self.group is None:
             return self._part_gradients(images, labels, np.float32(1.0)).numpy()
-        from mpi4py import MPI
 
         part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
         weight = np.float32((part.stop - part.start) / len(images))

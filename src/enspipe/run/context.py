@@ -16,7 +16,7 @@ class Job:
     comm: object
     scheme: object
     progress: dict
-    where: object           # enspipe.run.placement.Placement
+    where: object           # enspipe.engine.placement.Placement
     affinity: list[int]
     monitor: object         # the node's CPU monitor, on each host's first rank
     heartbeat: object
@@ -29,7 +29,7 @@ class Job:
     member: object          # enspipe.run.steps.Member
     slurm: object           # the job step's energy counter, on rank 0 inside Slurm
     started: float
-    malloc: str             # the malloc policy in force (enspipe.run.memory)
+    malloc: str             # the malloc policy in force (enspipe.engine.memory)
 
     @property
     def rank(self) -> int:

@@ -49,9 +49,9 @@ def _placed(cfg: RunConfig, comm):
     from mpi4py import MPI
 
     from enspipe.common.tfimport import import_tensorflow
-    from enspipe.run.affinity import configure_tensorflow_threads, pin_process
-    from enspipe.run.memory import set_malloc
-    from enspipe.run.placement import place
+    from enspipe.engine.affinity import configure_tensorflow_threads, pin_process
+    from enspipe.engine.memory import set_malloc
+    from enspipe.engine.placement import place
 
     where = place(comm, MPI, cfg.measure.cores)
     phases.mark("placement")
@@ -145,7 +145,7 @@ def _consumer(cfg: RunConfig, comm, transport, manifest, preprocessing: str, eve
     """This rank's consumer (its members'); a data-parallel member's ranks all-reduce its gradients
     among themselves (collective: every rank splits)."""
     from enspipe.run.consumers import make_consumers
-    from enspipe.run.pipeline import quantizer
+    from enspipe.engine.backends.tf import quantizer
 
     rank, n = comm.Get_rank(), comm.Get_size()
     dequantize = quantizer(preprocessing)[1] if cfg.stream.wire_dtype == "uint8" else None
@@ -199,7 +199,7 @@ def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) 
 
 def enspipe_pipeline(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where, events):
     """The transport and the staged pipeline of one of enspipe's schemes."""
-    from enspipe.run.pipeline import build_pipeline
+    from enspipe.engine.pipeline import build_pipeline
 
     data_parallel = [tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1]
     return build_pipeline(comm, scheme, manifest, preprocessing, cfg.stream_config(), where.threads, events,

@@ -189,7 +189,7 @@ def _planned(cfg: RunConfig, comm) -> RunConfig:
     from mpi4py import MPI
 
     from enspipe.plan.planner import choose_together
-    from enspipe.run.placement import place
+    from enspipe.engine.placement import place
 
     where = place(comm, MPI, cfg.measure.cores)
     nodes = len(set(comm.allgather(where.mpi_node)))

@@ -13,7 +13,7 @@ workflow, the monitors and the tables treat it as one more scheme (``tfdata_serv
 
 The graph the workers run reads, parses and preprocesses with enspipe's own functions
 (:func:`enspipe.data.shards.sample_stream` read in the graph, :func:`enspipe.data.shards.load_samples`,
-:func:`enspipe.run.pipeline.element_fn`), at the same batch, image size and wire type. The
+:func:`enspipe.engine.backends.tf.element_fn`), at the same batch, image size and wire type. The
 cross-trainer cache needs ``ShardingPolicy.OFF``: every worker processes the whole stream. With one
 worker it is enspipe's stream, the same order and augmentation seeds, so its batches equal
 All-Shared's bit for bit while no member lags. With P > 1 workers, each draws its own order and
@@ -37,7 +37,8 @@ from enspipe.data.shards import load_samples, sample_stream
 from enspipe.exchange.base import Batch, TransportStats, wait_quietly
 from enspipe.measure.stages import StageClock
 from enspipe.measure.threadcpu import set_thread_name
-from enspipe.run.pipeline import PipelineFailed, element_fn, occupancy_stats, put_until_stopped
+from enspipe.engine.backends.tf import element_fn
+from enspipe.engine.pipeline import PipelineFailed, occupancy_stats, put_until_stopped
 
 JOB = "enspipe"
 QUEUES = ("compute",)  # the only queue on this side: the service's elements, waiting for the consumer
@@ -152,7 +153,7 @@ class TfDataService:
 
 
 class ServicePipeline:
-    """A member's side of the service, in the place of :class:`enspipe.run.pipeline.Pipeline`: a
+    """A member's side of the service, in the place of :class:`enspipe.engine.pipeline.Pipeline`: a
     client thread reads the shared job as trainer ``member<rank>`` into a bounded hand-off queue.
     Nothing here preprocesses (the workers do, in their own threads), so ``preprocessed`` is None;
     stopping needs no agreement between members (there are no collectives to match)."""

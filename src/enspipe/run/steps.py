@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from enspipe.common import keys
+from enspipe.measure import threadcpu
 from enspipe.plan.config import RunConfig
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class Member:
         if "loss" in out:
             self.losses.append(out["loss"])
         self.events.log(keys.STEP, step=step, images=len(batch), wait_s=t_got - t_req, compute_s=t_done - t_got,
-                        cpu_s=time.process_time(),
+                        cpu_s=threadcpu.process_cpu(),
                         measured=measured, queues=queues, starved=starved, saturated=saturated,
                         batch_digest=digest_of(batch.meta[:, 0]),
                         **({"batch_checksum": batch_checksum(batch)} if self.cfg.measure.batch_checksums else {}),

@@ -16,7 +16,7 @@ from enspipe.common import keys, phases
 from enspipe.plan.config import RunConfig
 from enspipe.plan.grid import Cell
 from enspipe.plan.schemes import AUTO
-from enspipe.run.decode_cache import cache_summary
+from enspipe.engine.decode_cache import cache_summary
 
 if TYPE_CHECKING:
     from enspipe.run.context import Job

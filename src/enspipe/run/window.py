@@ -27,7 +27,7 @@ class Window:
     """The measured window's readings, from its start to its end."""
 
     seconds: float
-    cpu_seconds: float          # process_time: the scheduler's nanoseconds
+    cpu_seconds: float          # process_time (its worker processes too): the scheduler's nanoseconds
     tick_cpu_seconds: float | None  # /proc/self/stat: the same CPU in the kernel's ticks (None without /proc)
     wall: tuple[float, float]
     thread_cpu: dict
@@ -45,7 +45,7 @@ STEADY_STEPS = 3  # how many steps back the queues' trend is judged
 def max_warmup(cfg: RunConfig) -> int:
     """The most unmeasured steps before the window opens anyway: ``warmup`` plus three times what
     the stage queues hold (time enough to fill them whenever the producers outpace the consumer)."""
-    from enspipe.run.pipeline import QUEUES
+    from enspipe.engine.pipeline import QUEUES
 
     return cfg.measure.warmup + 3 * len(QUEUES) * cfg.stream.queue_depth
 
@@ -151,7 +151,7 @@ def measure(job: Job, warm: "Warmup") -> Window:
 
     slurm_j0 = read_slurm(job.slurm)  # an sstat subprocess: before the window opens
     open_together(job.comm, job.pipeline)
-    t0, cpu0, wall0, threads0 = time.perf_counter(), time.process_time(), time.time(), threadcpu.snapshot()
+    t0, cpu0, wall0, threads0 = time.perf_counter(), threadcpu.process_cpu(), time.time(), threadcpu.snapshot()
     ticks0 = threadcpu.process_ticks()
     comm0, prep0, clock0 = job.transport.stats.as_dict(), job.pipeline.preprocessed, job.pipeline.clock.snapshot()
     if job.monitor:
@@ -168,7 +168,7 @@ def measure(job: Job, warm: "Warmup") -> Window:
             stopped_early = True  # too few accelerators would stay busy: the plan goes on without this run
             break
     job.pipeline.pause()  # until every window has ended (stop_producers)
-    seconds, cpu_seconds, wall1 = time.perf_counter() - t0, time.process_time() - cpu0, time.time()
+    seconds, cpu_seconds, wall1 = time.perf_counter() - t0, threadcpu.process_cpu() - cpu0, time.time()
     ticks1 = threadcpu.process_ticks()
     tick_cpu_seconds = ticks1 - ticks0 if ticks0 is not None and ticks1 is not None else None
     thread_cpu = threadcpu.by_group(threads0, threadcpu.snapshot())

@@ -5,7 +5,7 @@
 ``read`` takes this member's share of each global batch from the sample stream and reads and
 parses only those records (:func:`enspipe.data.order.read_share`; nothing is decoded); ``preprocess``
 decodes and augments them on a pool of K threads, tf.data's or, with the ``pillow`` backend,
-Pillow's and numpy's (:mod:`enspipe.run.preprocessors`);
+Pillow's and numpy's (:mod:`enspipe.engine.backends.pillow`);
 ``exchange`` runs the scheme's collectives (nothing for the baseline); the consumer runs in the
 caller's thread. The three producing stages work on a unit of consecutive global batches at a
 time (the engine's ``unit``, :meth:`enspipe.plan.schemes.Scheme.unit_batches`): a call into
@@ -34,14 +34,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from enspipe.data.manifest import Manifest
-from enspipe.data.pixels import OUTPUT_RANGE, output_spec
+from enspipe.data.pixels import output_spec
 from enspipe.data.records import CORRUPT_LABEL
 from enspipe.exchange.base import Batch
 from enspipe.exchange.engine import ExchangeEngine
 from enspipe.measure.stages import StageClock
 from enspipe.measure.threadcpu import set_thread_name
 from enspipe.common import keys
-from enspipe.run.preprocessors import PillowEngine, Stopped, TfEngine  # noqa: F401 - Stopped is the stages' signal
+from enspipe.engine.backends import backend as backend_module
+from enspipe.engine.backends.base import PrepSpec, Stopped
 
 if TYPE_CHECKING:
     from enspipe.data.preprocessing import UserPreprocess
@@ -51,92 +52,6 @@ QUEUES = ("preprocessing", "exchange", "compute")
 
 class PipelineFailed(RuntimeError):
     pass
-
-
-def quantizer(preprocessing: str):
-    """(quantize, dequantize) for the uint8 wire: lossy by (range)/255 per value."""
-    lo, hi = OUTPUT_RANGE[preprocessing]
-
-    def quantize(x):
-        import tensorflow as tf
-
-        return tf.cast(tf.math.round(tf.clip_by_value((x - lo) / (hi - lo), 0.0, 1.0) * 255.0), tf.uint8)
-
-    def dequantize(q):
-        return q.astype(np.float32) * np.float32((hi - lo) / 255.0) + np.float32(lo)
-
-    return quantize, dequantize
-
-
-def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool, wire_dtype: str, prep_seed,
-               impl: str = "crop-first", cache=None):
-    """One sample's preprocessing, the same in every arm (enspipe's pipelines and the tf.data
-    service's graph): decode and augment with the stateless seed ``(prep_seed, position)``,
-    quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``. A user's
-    preprocessing (:class:`~enspipe.data.preprocessing.UserPreprocess`) goes on the wire as it
-    returns it. With a :class:`~enspipe.run.decode_cache.DecodeCache`, the decoded image comes
-    from it where it holds the sample, else from a whole decode that it then keeps."""
-    import tensorflow as tf
-
-    from enspipe.data.preprocessing import UserPreprocess, make_decoded_fn, make_preprocess_fn
-
-    if isinstance(preprocessing, UserPreprocess):
-        prep, quantize = preprocessing.encoded_fn(), (lambda x: x)
-        from_pixels = preprocessing.decoded_fn()
-    else:
-        prep = make_preprocess_fn(preprocessing, size, fast_mode, impl)
-        from_pixels = make_decoded_fn(preprocessing, size, fast_mode, impl)
-        quantize = quantizer(preprocessing)[0] if wire_dtype == "uint8" else (lambda x: x)
-
-    def one(e):
-        seed = tf.stack([tf.cast(prep_seed, tf.int64), e["position"]])
-        if cache is None:
-            image = prep(e["encoded"], seed)
-        else:
-            image = from_pixels(cached_decode(cache, e), seed)
-        return quantize(image), tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
-
-    return one
-
-
-def cached_decode(cache, e):
-    """The sample's decoded uint8 pixels from ``cache``, else decoded (as the tf backend decodes)
-    and offered to it."""
-    import tensorflow as tf
-
-    from enspipe.data.preprocessing import decode
-
-    def get(sample, epoch):
-        pixels = cache.get(int(sample), int(epoch))
-        return np.zeros((0, 0, 3), np.uint8) if pixels is None else pixels
-
-    def put(sample, pixels):
-        return np.bool_(cache.put(int(sample), pixels))
-
-    held = tf.numpy_function(get, [e["id"], e["epoch"]], tf.uint8, stateful=True)
-    held.set_shape([None, None, 3])
-
-    def decoded():
-        image = decode(e["encoded"])
-        with tf.control_dependencies([tf.numpy_function(put, [e["id"], image], tf.bool, stateful=True)]):
-            return tf.identity(image)
-
-    return tf.cond(tf.size(held) > 0, lambda: held, decoded)
-
-
-def tf_data_options(threads: int):
-    """A member's tf.data options: a private pool of ``threads``, one thread per op, deterministic."""
-    import tensorflow as tf
-
-    opts = tf.data.Options()
-    opts.threading.private_threadpool_size = threads
-    opts.threading.max_intra_op_parallelism = 1
-    opts.deterministic = True
-    # Parallelism is set explicitly (``threads``), so tf.data's autotuner has nothing to tune;
-    # its model thread sleeps up to 10 s between passes and an iterator's destructor waits for
-    # it, holding the GIL: stopping a member took 10 s in half the runs and silenced its heartbeat.
-    opts.autotune.enabled = False
-    return opts
 
 
 def occupancy_stats(samples: list[tuple], names: tuple[str, ...], depth: int, t0: float, t1: float) -> dict:
@@ -173,13 +88,17 @@ class Pipeline:
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
         self.sample_interval, self.events, self.backend, self.impl = sample_interval, events, backend, impl
         self.cache = cache  # a DecodeCache, or None
-        if backend == "tf":  # imported here, not first in a stage thread: two threads importing it at once deadlock
+        self.backend_module = backend_module(backend)
+        if self.backend_module.NEEDS_TENSORFLOW:  # here, not first in a stage thread: two importing at once deadlock
             import tensorflow  # noqa: F401
         self.image_shape, self.image_dtype = output_spec(preprocessing, image_size, wire_dtype)
         self.share = engine.scheme.share(rank, batch)
         self.unit = engine.unit  # global batches per read, preprocessing call and exchange
-        if skip_corrupt and self.unit != 1:
-            raise ValueError("--on-corrupt skip keeps each slice's own bounds: one batch at a time")
+        self.spec = PrepSpec(manifest=manifest, preprocessing=preprocessing, size=image_size, fast_mode=fast_mode,
+                             wire_dtype=wire_dtype, impl=impl, order_seed=order_seed, prep_seed=prep_seed,
+                             shuffle_buffer=shuffle_buffer, skip_corrupt=skip_corrupt, batch=batch, share=self.share,
+                             unit=self.unit, threads=threads, depth=queue_depth, image_shape=self.image_shape,
+                             image_dtype=self.image_dtype, cache=cache)
         self.is_preprocessor = self.share[1] > self.share[0]
         self.queues = {name: queue.Queue(queue_depth) for name in QUEUES}
         self.depth = queue_depth
@@ -190,7 +109,7 @@ class Pipeline:
         self._skipped: list[tuple[int, int, str]] = []  # (global batch, epoch, key) of each skipped record
         self.samples: list[tuple[float, int, int, int]] = []
         self._threads: list[threading.Thread] = []
-        self._prep_engine = None  # the preprocess stage's engine (enspipe.run.preprocessors), kept until close()
+        self._prep_engine = None  # the preprocess stage's engine (enspipe.engine.backends), kept until close()
         self.preprocessed = 0  # images this member's preprocess stage has produced
         self.clock = StageClock()  # the stages' working (not waiting) wall time; see enspipe.measure.stages
         # the exchange stage's steps: begun, completed, and the limit it may not pass (None: none)
@@ -199,9 +118,6 @@ class Pipeline:
         self._limit: int | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
-    def _options(self):
-        return tf_data_options(self.threads)
-
     def _put(self, name: str, item) -> None:
         if not put_until_stopped(self.queues[name], item, self.stop):
             raise Stopped
@@ -251,24 +167,8 @@ class Pipeline:
         return t
 
     # -- stages -------------------------------------------------------------------------------
-    def _slices(self):
-        """This member's share of each unit of global batches, read and parsed (nothing decoded)."""
-        lo, hi = self.share
-        if self.backend == "pillow":
-            from enspipe.data.order import NumpyOrder, read_share
-            from enspipe.data.parse import resolve
-            from enspipe.data.records import record_format
-
-            order = NumpyOrder(self.m, self.order_seed, self.shuffle_buffer)
-            return read_share(self.m, order, resolve(record_format(self.m)), self.skip_corrupt, self.batch, lo, hi,
-                              self.unit)
-        from enspipe.data.shards import read_slices
-
-        return read_slices(self.m, self.order_seed, self.shuffle_buffer, self.skip_corrupt, self.batch, lo, hi,
-                           self._options(), unit=self.unit)
-
     def _read(self) -> None:
-        it = self._slices()
+        it = self.backend_module.slices(self.spec)
         while True:
             self._wait_running()
             t = time.perf_counter()
@@ -279,19 +179,9 @@ class Pipeline:
             self.clock.add("read", time.perf_counter() - t)
             self._put("preprocessing", item)
 
-    def _engine(self):
-        slice_len = self.share[1] - self.share[0]
-        if self.backend == "pillow":
-            return PillowEngine(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed,
-                                self.threads, self.skip_corrupt, self.cache, self.impl == "fused-colour")
-        one = element_fn(self.preprocessing, self.size, self.fast_mode, self.wire_dtype, self.prep_seed, self.impl,
-                         self.cache)
-        return TfEngine(one, self.image_shape, self.image_dtype, self._options(), self.threads, self.skip_corrupt,
-                        slice_len, self.unit, self.depth, self.cache)
-
     def _preprocess(self) -> None:
         slice_len = self.share[1] - self.share[0]
-        self._prep_engine = self._engine()  # closed by close(), so its pool threads' CPU stays visible
+        self._prep_engine = self.backend_module.engine(self.spec)  # closed by close(), so its pool threads' CPU stays visible
         try:
             for raw, images, meta, took in self._prep_engine.run(lambda: self._take("preprocessing")):
                 if self.skip_corrupt:
@@ -461,7 +351,7 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
     if stream.decode_cache:
         from mpi4py import MPI
 
-        from enspipe.run.decode_cache import DecodeCache
+        from enspipe.engine.decode_cache import DecodeCache
 
         cache = DecodeCache(MPI, comm, stream.decode_cache, manifest.num_images)
     pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=stream.batch_size,

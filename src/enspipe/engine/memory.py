@@ -27,6 +27,7 @@ import ctypes.util
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 NEVER_TRIM = 2**31 - 1  # bytes (mallopt takes an int): more free memory than a heap's top ever holds
+_in_force = ["system"]  # this process's policy, which its worker processes take too
 
 
 def set_malloc(policy: str) -> str:
@@ -42,4 +43,10 @@ def set_malloc(policy: str) -> str:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     if not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)):
         return "system (glibc's mallopt refused keep's settings)"
+    _in_force[0] = "keep"
     return "keep"
+
+
+def in_force() -> str:
+    """The policy :func:`set_malloc` last applied in this process (``system`` if none)."""
+    return _in_force[0]

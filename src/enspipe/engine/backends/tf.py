@@ -1,80 +1,127 @@
-"""The preprocess stage's engines, one per backend: what turns a member's read slices (encoded
-images and their keys) into preprocessed images, on a pool of the member's ``threads``.
-
-* ``tf``: a tf.data pipeline fed by the stage's input (Slim's preprocessing, :mod:`enspipe.data.preprocessing`);
-* ``pillow``: a thread pool over Pillow and numpy (:mod:`enspipe.data.pixels`), no TensorFlow.
-
-Each engine's :meth:`run` takes ``take()`` (the next slice; raises :class:`Stopped` once the
-pipeline stops) and yields ``(slice, images, meta, seconds)``: the slice as read, its images and
-``[id, epoch, position, label]`` rows (skipped images left out in skip mode), and the seconds the
-engine worked on it (not counting its waits for input).
-"""
+"""The ``tf`` backend: a tf.data pipeline over the read slices, mapping Slim's preprocessing
+(:mod:`enspipe.data.preprocessing`) on a private pool of the member's threads."""
 from __future__ import annotations
 
 import collections
 import time
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from enspipe.data.manifest import DataError
-from enspipe.measure.threadcpu import set_thread_name
+from enspipe.data.pixels import OUTPUT_RANGE
+from enspipe.engine.backends.base import PrepSpec, Stopped
+
+if TYPE_CHECKING:
+    from enspipe.data.preprocessing import UserPreprocess
+
+NEEDS_TENSORFLOW = True
 
 
-class Stopped(Exception):
-    """The pipeline was closed while a stage (or its consumer) waited."""
+def slices(spec: PrepSpec):
+    from enspipe.data.shards import read_slices
+
+    lo, hi = spec.share
+    return read_slices(spec.manifest, spec.order_seed, spec.shuffle_buffer, spec.skip_corrupt, spec.batch, lo, hi,
+                       tf_data_options(spec.threads), unit=spec.unit)
 
 
-def _meta(item: dict) -> np.ndarray:
-    return np.stack([item["id"], item["epoch"], item["position"], item["label"]], axis=1).astype(np.int64)
+def engine(spec: PrepSpec) -> "TfEngine":
+    one = element_fn(spec.preprocessing, spec.size, spec.fast_mode, spec.wire_dtype, spec.prep_seed, spec.impl,
+                     spec.cache)
+    return TfEngine(one, spec.image_shape, spec.image_dtype, tf_data_options(spec.threads), spec.threads,
+                    spec.skip_corrupt, spec.slice_len, spec.unit, spec.depth, spec.cache)
 
 
-class PillowEngine:
-    """Each slice's images decoded and augmented one per task on a pool of ``threads`` threads."""
+def quantizer(preprocessing: str):
+    """(quantize, dequantize) for the uint8 wire: lossy by (range)/255 per value."""
+    lo, hi = OUTPUT_RANGE[preprocessing]
 
-    def __init__(self, preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed: int,
-                 threads: int, skip_corrupt: bool, cache=None, fused: bool = False):
-        from enspipe.data import pixels
+    def quantize(x):
+        import tensorflow as tf
 
-        self.pixels, self.name, self.size, self.fast_mode = pixels, preprocessing, size, fast_mode
-        self.wire_dtype, self.prep_seed, self.skip_corrupt, self.cache = wire_dtype, prep_seed, skip_corrupt, cache
-        self.options = {"fused": True} if fused and preprocessing == "inception" else {}
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-pillow",
-                                       initializer=set_thread_name, initargs=("enspipe-pillow",))
+        return tf.cast(tf.math.round(tf.clip_by_value((x - lo) / (hi - lo), 0.0, 1.0) * 255.0), tf.uint8)
 
-    def _one(self, encoded: bytes, position: int, sample: int, epoch: int):
-        px = self.pixels
-        try:
-            source = encoded if self.cache is None else self.cache.decoded(sample, epoch, lambda: px.decode(encoded))
-            rng = px.generator(self.prep_seed, position)
-            image = px.PREPROCESSING[self.name](source, self.size, rng, self.fast_mode, **self.options)
-        except px.Undecodable as e:
-            return e
-        return px.to_wire(self.name, image, self.wire_dtype)
+    def dequantize(q):
+        return q.astype(np.float32) * np.float32((hi - lo) / 255.0) + np.float32(lo)
 
-    def run(self, take):
-        while True:
-            item = take()
-            t = time.perf_counter()
-            out = list(self.pool.map(self._one, item["encoded"], item["position"].tolist(), item["id"].tolist(),
-                                     item["epoch"].tolist()))
-            ok = np.array([not isinstance(x, Exception) for x in out], bool)
-            if not ok.all() and not self.skip_corrupt:
-                bad = int(np.argmin(ok))
-                raise DataError(f"{item['key'][bad].decode()}: undecodable image ({out[bad]}); fix or remove the "
-                                "record, or pass --on-corrupt skip to skip and count it")
-            if ok.any():
-                images = np.stack([x for x, good in zip(out, ok) if good])
-            else:  # every image of the slice skipped
-                images = np.zeros((0, self.size, self.size, 3), np.uint8 if self.wire_dtype == "uint8" else np.float32)
-            yield item, images, _meta(item)[ok], time.perf_counter() - t
+    return quantize, dequantize
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+
+def element_fn(preprocessing: "str | UserPreprocess", size: int, fast_mode: bool, wire_dtype: str, prep_seed,
+               impl: str = "crop-first", cache=None):
+    """One sample's preprocessing, the same in every arm (enspipe's pipelines and the tf.data
+    service's graph): decode and augment with the stateless seed ``(prep_seed, position)``,
+    quantise for a uint8 wire; returns ``(image, [id, epoch, position, label])``. A user's
+    preprocessing (:class:`~enspipe.data.preprocessing.UserPreprocess`) goes on the wire as it
+    returns it. With a :class:`~enspipe.engine.decode_cache.DecodeCache`, the decoded image comes
+    from it where it holds the sample, else from a whole decode that it then keeps."""
+    import tensorflow as tf
+
+    from enspipe.data.preprocessing import UserPreprocess, make_decoded_fn, make_preprocess_fn
+
+    if isinstance(preprocessing, UserPreprocess):
+        prep, quantize = preprocessing.encoded_fn(), (lambda x: x)
+        from_pixels = preprocessing.decoded_fn()
+    else:
+        prep = make_preprocess_fn(preprocessing, size, fast_mode, impl)
+        from_pixels = make_decoded_fn(preprocessing, size, fast_mode, impl)
+        quantize = quantizer(preprocessing)[0] if wire_dtype == "uint8" else (lambda x: x)
+
+    def one(e):
+        seed = tf.stack([tf.cast(prep_seed, tf.int64), e["position"]])
+        if cache is None:
+            image = prep(e["encoded"], seed)
+        else:
+            image = from_pixels(cached_decode(cache, e), seed)
+        return quantize(image), tf.stack([e["id"], e["epoch"], e["position"], e["label"]])
+
+    return one
+
+
+def cached_decode(cache, e):
+    """The sample's decoded uint8 pixels from ``cache``, else decoded (as the tf backend decodes)
+    and offered to it."""
+    import tensorflow as tf
+
+    from enspipe.data.preprocessing import decode
+
+    def get(sample, epoch):
+        pixels = cache.get(int(sample), int(epoch))
+        return np.zeros((0, 0, 3), np.uint8) if pixels is None else pixels
+
+    def put(sample, pixels):
+        return np.bool_(cache.put(int(sample), pixels))
+
+    held = tf.numpy_function(get, [e["id"], e["epoch"]], tf.uint8, stateful=True)
+    held.set_shape([None, None, 3])
+
+    def decoded():
+        image = decode(e["encoded"])
+        with tf.control_dependencies([tf.numpy_function(put, [e["id"], image], tf.bool, stateful=True)]):
+            return tf.identity(image)
+
+    return tf.cond(tf.size(held) > 0, lambda: held, decoded)
+
+
+def tf_data_options(threads: int):
+    """A member's tf.data options: a private pool of ``threads``, one thread per op, deterministic."""
+    import tensorflow as tf
+
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = threads
+    opts.threading.max_intra_op_parallelism = 1
+    opts.deterministic = True
+    # Parallelism is set explicitly (``threads``), so tf.data's autotuner has nothing to tune;
+    # its model thread sleeps up to 10 s between passes and an iterator's destructor waits for
+    # it, holding the GIL: stopping a member took 10 s in half the runs and silenced its heartbeat.
+    opts.autotune.enabled = False
+    return opts
+
 
 
 class TfEngine:
-    """A tf.data pipeline over the slices, mapping :func:`enspipe.run.pipeline.element_fn` on a
+    """A tf.data pipeline over the slices, mapping :func:`enspipe.engine.pipeline.element_fn` on a
     private pool: across slice boundaries and regrouped per unit, or, in skip mode, per slice with
     an end marker (a slice may lose images; each keeps its own bounds)."""
 

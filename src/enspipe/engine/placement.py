@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 
 from enspipe.common.host import boot_id
-from enspipe.run.affinity import assign_cores, available_cores
+from enspipe.engine.affinity import assign_cores, available_cores
 
 
 def host_key(hostname: str | None = None) -> tuple[str, str]:

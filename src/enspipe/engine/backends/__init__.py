@@ -1,0 +1,25 @@
+"""The preprocessing backends, by name: one module each (see :mod:`enspipe.engine.backends.base`
+for what a module provides). Adding a backend is one module and one line here; the names users
+may pass are :data:`enspipe.plan.stream.BACKENDS`, which a test holds equal to these.
+
+* ``tf``: tf.data and Slim's TensorFlow preprocessing (:mod:`enspipe.engine.backends.tf`);
+* ``pillow``: Pillow and numpy, no TensorFlow, on worker processes that write into shared
+  memory, one per core of the member (:mod:`enspipe.engine.backends.pillow`).
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+REGISTRY = {
+    "tf": "enspipe.engine.backends.tf",
+    "pillow": "enspipe.engine.backends.pillow",
+}
+
+
+def backend(name: str) -> ModuleType:
+    """The backend module called ``name`` (imported on first use: ``tf`` imports TensorFlow)."""
+    try:
+        return importlib.import_module(REGISTRY[name])
+    except KeyError:
+        raise ValueError(f"backend: no backend {name!r}; one of {', '.join(REGISTRY)}") from None

@@ -1,0 +1,68 @@
+"""What every preprocessing backend shares: the spec of one member's preprocess stage, the
+stages' stop signal, and the engine protocol.
+
+A backend module (one per backend, registered in :mod:`enspipe.engine.backends`) provides:
+
+* ``NEEDS_TENSORFLOW``: whether the pipeline must import TensorFlow before its stages start;
+* ``slices(spec)``: this member's share of each unit of global batches, read and parsed (numpy
+  dicts of ``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``; nothing decoded);
+* ``engine(spec)``: the preprocess engine, whose ``run(take)`` takes ``take()`` (the next slice;
+  raises :class:`Stopped` once the pipeline stops) and yields ``(slice, images, meta, seconds)``
+  (the slice as read, its images and ``[id, epoch, position, label]`` rows, skipped images left
+  out in skip mode, and the seconds it worked on it, not counting its waits for input), and whose
+  ``close()`` frees what it holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class Stopped(Exception):
+    """The pipeline was closed while a stage (or its consumer) waited."""
+
+
+@dataclass(frozen=True)
+class PrepSpec:
+    """One member's read and preprocess stages: what a backend needs to build them."""
+
+    manifest: Any               # enspipe.data.manifest.Manifest
+    preprocessing: Any          # a built-in's name, or a UserPreprocess
+    size: int
+    fast_mode: bool
+    wire_dtype: str
+    impl: str
+    order_seed: int
+    prep_seed: int
+    shuffle_buffer: int
+    skip_corrupt: bool
+    batch: int
+    share: tuple[int, int]      # this member's share [lo, hi) of each global batch
+    unit: int                   # global batches per read and preprocessing call
+    threads: int                # the member's cores: its pool's threads, or its worker processes
+    depth: int                  # the stage queues' depth
+    image_shape: tuple
+    image_dtype: Any
+    cache: Any = None           # a DecodeCache, or None
+
+    def __post_init__(self):
+        if self.threads < 1:
+            raise ValueError(f"threads: must be at least 1, got {self.threads}")
+        if self.skip_corrupt and self.unit != 1:
+            raise ValueError("--on-corrupt skip keeps each slice's own bounds: one batch at a time")
+
+    @property
+    def slice_len(self) -> int:
+        return self.share[1] - self.share[0]
+
+
+def meta_rows(item: dict) -> np.ndarray:
+    """A read slice's ``[id, epoch, position, label]`` rows."""
+    return np.stack([item["id"], item["epoch"], item["position"], item["label"]], axis=1).astype(np.int64)
+
+
+def undecodable(key: bytes, why) -> str:
+    return (f"{key.decode()}: undecodable image ({why}); fix or remove the record, or pass --on-corrupt skip "
+            "to skip and count it")

@@ -1,0 +1,124 @@
+"""The ``pillow`` backend: Pillow and numpy (:mod:`enspipe.data.pixels`), no TensorFlow.
+
+A member given one core preprocesses in its stage thread. Given k > 1, it runs k worker processes
+that decode and augment into shared memory (:mod:`enspipe.engine.workers`): a thread pool in one
+interpreter stopped at about 2 busy cores whatever it was given (the GIL: Pillow's and numpy's
+many short calls each take it), where processes scale with the cores. With the decode cache,
+whose images live in this process, the k are threads instead.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from enspipe.data.manifest import DataError
+from enspipe.engine.backends.base import PrepSpec, meta_rows, undecodable
+from enspipe.measure.threadcpu import set_thread_name
+
+NEEDS_TENSORFLOW = False
+
+
+def slices(spec: PrepSpec):
+    from enspipe.data.order import NumpyOrder, read_share
+    from enspipe.data.parse import resolve
+    from enspipe.data.records import record_format
+
+    order = NumpyOrder(spec.manifest, spec.order_seed, spec.shuffle_buffer)
+    return read_share(spec.manifest, order, resolve(record_format(spec.manifest)), spec.skip_corrupt, spec.batch,
+                      *spec.share, spec.unit)
+
+
+def engine(spec: PrepSpec) -> "PillowEngine":
+    return PillowEngine(spec.preprocessing, spec.size, spec.fast_mode, spec.wire_dtype, spec.prep_seed,
+                        spec.threads, spec.skip_corrupt, spec.cache, spec.impl == "fused-colour")
+
+
+def work(preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed: int, fused: bool):
+    """The per-image function ``f(source, position, sample, epoch) -> image as it travels`` and
+    the exception that means an undecodable image (a worker's factory, and the threads')."""
+    from enspipe.data import pixels as px
+
+    fn, options = px.PREPROCESSING[preprocessing], ({"fused": True} if fused and preprocessing == "inception" else {})
+
+    def one(source, position: int, sample: int, epoch: int) -> np.ndarray:
+        image = fn(source, size, px.generator(prep_seed, position), fast_mode, **options)
+        return px.to_wire(preprocessing, image, wire_dtype)
+
+    return one, px.Undecodable
+
+
+class PillowEngine:
+    """Each slice's images decoded and augmented: in the stage's thread (one core), on ``threads``
+    worker processes, or with a decode cache on ``threads`` threads."""
+
+    def __init__(self, preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed: int,
+                 threads: int, skip_corrupt: bool, cache=None, fused: bool = False):
+        from enspipe.data.pixels import output_spec
+
+        self.size, self.wire_dtype, self.skip_corrupt, self.cache = size, wire_dtype, skip_corrupt, cache
+        kwargs = dict(preprocessing=preprocessing, size=size, fast_mode=fast_mode, wire_dtype=wire_dtype,
+                      prep_seed=prep_seed, fused=fused)
+        self.one, self.errors = work(**kwargs)
+        self.workers = self.pool = None
+        if cache is not None and threads > 1:
+            self.pool = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-pillow",
+                                           initializer=set_thread_name, initargs=("enspipe-pillow",))
+        elif threads > 1:
+            from enspipe.engine.workers import WorkerPool
+
+            shape, dtype = output_spec(preprocessing, size, wire_dtype)
+            self.workers = WorkerPool(threads, f"{__name__}:work", kwargs, shape, dtype, skip_corrupt)
+
+    def _guarded(self, encoded: bytes, position: int, sample: int, epoch: int):
+        """One image in this process, or the reason it is undecodable."""
+        try:
+            source = encoded if self.cache is None else self.cache.decoded(sample, epoch, lambda: _decode(encoded))
+            return self.one(source, position, sample, epoch)
+        except self.errors as e:
+            return f"{type(e).__name__}: {e}"
+
+    def _images(self, item: dict) -> tuple[list, dict[int, str]]:
+        args = (item["encoded"], item["position"].tolist(), item["id"].tolist(), item["epoch"].tolist())
+        if self.workers is not None:
+            from enspipe.engine.workers import WorkerDied
+
+            try:
+                return self.workers.map(*args)
+            except WorkerDied as e:
+                held = ", ".join(item["key"][i].decode() for i in e.args[1]) or "nothing"
+                raise DataError(f"{e.args[0]} while preprocessing {held}; pass --on-corrupt skip to skip and count "
+                                "an image that crashes the decoder") from None
+        out = list(self.pool.map(self._guarded, *args)) if self.pool else [self._guarded(*a) for a in zip(*args)]
+        return out, {i: x for i, x in enumerate(out) if isinstance(x, str)}
+
+    def run(self, take):
+        while True:
+            item = take()
+            t = time.perf_counter()
+            out, failed = self._images(item)
+            if failed and not self.skip_corrupt:
+                bad = min(failed)
+                raise DataError(undecodable(item["key"][bad], failed[bad]))
+            ok = np.ones(len(item["id"]), bool)
+            ok[list(failed)] = False
+            if isinstance(out, np.ndarray):
+                images = out[ok]
+            elif ok.any():
+                images = np.stack([x for x, good in zip(out, ok) if good])
+            else:  # every image of the slice skipped
+                images = np.zeros((0, self.size, self.size, 3), np.uint8 if self.wire_dtype == "uint8" else np.float32)
+            yield item, images, meta_rows(item)[ok], time.perf_counter() - t
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.workers is not None:
+            self.workers.close()
+
+
+def _decode(encoded: bytes) -> np.ndarray:
+    from enspipe.data.pixels import decode
+
+    return decode(encoded)

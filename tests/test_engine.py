@@ -1,0 +1,144 @@
+"""The engine: its backend registry, and the CPU backend's worker processes (the same images as
+in one process, failures named or skipped and counted, lifetimes bound to the member's, CPU and
+cores the member's)."""
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from enspipe.data.manifest import DataError
+from enspipe.engine.backends.pillow import PillowEngine
+from enspipe.measure import threadcpu
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _jpeg(h: int, w: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([(x * 3 + y) % 256, (y * 2) % 256, (x + y * 5) % 256], -1) + rng.integers(0, 40, (h, w, 3))
+    b = io.BytesIO()
+    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(b, "JPEG", quality=90)
+    return b.getvalue()
+
+
+def _slice(n: int, bad: tuple = ()) -> dict:
+    enc = np.array([b"not a jpeg" if i in bad else _jpeg(60 + i, 80 - i, i) for i in range(n)], object)
+    return {"encoded": enc, "id": np.arange(100, 100 + n), "epoch": np.zeros(n, np.int64),
+            "position": np.arange(n, dtype=np.int64), "label": np.arange(n) % 3,
+            "key": np.array([f"img{i}.jpg".encode() for i in range(n)], object)}
+
+
+def _one_run(engine, item):
+    try:
+        return next(engine.run(lambda: item))
+    finally:
+        engine.close()
+
+
+def test_every_registered_backend_is_a_name_users_may_pass():
+    from enspipe.engine.backends import REGISTRY, backend
+    from enspipe.plan.stream import BACKENDS
+
+    assert set(REGISTRY) == set(BACKENDS)
+    for name in REGISTRY:
+        mod = backend(name)
+        assert callable(mod.slices) and callable(mod.engine) and isinstance(mod.NEEDS_TENSORFLOW, bool)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("name, wire", [("inception", "uint8"), ("vgg", "float32")])
+def test_workers_make_the_images_one_process_makes(name, wire):
+    item = _slice(21)
+    _, alone, meta1, _ = _one_run(PillowEngine(name, 32, False, wire, 5, 1, False), item)
+    _, shared, meta3, _ = _one_run(PillowEngine(name, 32, False, wire, 5, 3, False), item)
+    assert alone.shape == (21, 32, 32, 3) and alone.dtype == np.dtype(wire)
+    assert np.array_equal(alone, shared) and np.array_equal(meta1, meta3)
+
+
+@pytest.mark.timing
+def test_an_undecodable_image_is_named_or_skipped_and_counted_on_workers():
+    item = _slice(12, bad=(4,))
+    with pytest.raises(DataError, match="img4.jpg: undecodable image"):
+        _one_run(PillowEngine("inception", 32, False, "uint8", 0, 2, False), item)
+    _, images, meta, _ = _one_run(PillowEngine("inception", 32, False, "uint8", 0, 2, True), item)
+    assert len(images) == 11 and 104 not in meta[:, 0].tolist()
+
+
+@pytest.mark.timing
+def test_an_image_that_crashes_its_worker_fails_the_member_or_is_skipped_alone(monkeypatch):
+    """The worker that preprocesses position 5 kills itself with SIGSEGV, as a decoder's crash would."""
+    from enspipe.engine.worker import FAULT_KEY
+
+    monkeypatch.setenv(FAULT_KEY, "5")
+    item = _slice(20)
+    with pytest.raises(DataError) as e:
+        _one_run(PillowEngine("inception", 32, False, "uint8", 0, 2, False), item)
+    assert "killed by SIGSEGV" in str(e.value) and "img5.jpg" in str(e.value), e.value
+    engine = PillowEngine("inception", 32, False, "uint8", 0, 2, True)
+    _, images, meta, _ = _one_run(engine, item)
+    assert sorted(meta[:, 0].tolist()) == [100 + i for i in range(20) if i != 5] and len(images) == 19
+
+
+@pytest.mark.timing
+def test_a_worker_killed_from_outside_fails_the_member_naming_it():
+    engine = PillowEngine("inception", 32, False, "uint8", 0, 2, False)
+    it = engine.run(lambda: _slice(8))
+    try:
+        next(it)
+        victim = engine.workers.pids[1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(DataError, match=f"preprocessing worker {victim} killed by SIGKILL"):
+            next(it)
+    finally:
+        engine.close()
+
+
+@pytest.mark.timing
+def test_workers_run_on_the_members_cores_and_their_cpu_is_the_members():
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        engine = PillowEngine("inception", 64, False, "uint8", 0, 2, False)
+        it = engine.run(lambda: _slice(16))
+        next(it)
+    finally:
+        os.sched_setaffinity(0, before)
+    try:
+        assert [os.sched_getaffinity(p) for p in engine.workers.pids] == [{min(before)}] * 2
+        snap0, cpu0 = threadcpu.snapshot(), threadcpu.process_cpu()
+        for _ in range(3):
+            next(it)
+        worker_cpu = threadcpu.by_group(snap0, threadcpu.snapshot()).get("enspipe-worker", 0.0)
+        assert worker_cpu > 0 and threadcpu.process_cpu() - cpu0 >= worker_cpu
+        maps = "".join(open(f"/proc/{p}/maps").read() for p in engine.workers.pids)
+        assert "memfd:enspipe-slots" in maps and "/dev/shm" not in maps
+    finally:
+        cpu_open = threadcpu.process_cpu()
+        engine.close()
+    assert threadcpu.process_cpu() >= cpu_open - 0.05  # an ended worker's CPU stays the member's
+
+
+@pytest.mark.timing
+def test_workers_never_outlive_a_member_killed_by_sigkill(tmp_path):
+    code = ("import sys, time; sys.path.insert(0, %r); from test_engine import _slice; "
+            "from enspipe.engine.backends.pillow import PillowEngine; "
+            "e = PillowEngine('inception', 32, False, 'uint8', 0, 3, False); next(e.run(lambda: _slice(6))); "
+            "print(*e.workers.pids, flush=True); time.sleep(600)") % HERE
+    member = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in member.stdout.readline().split()]
+        assert len(pids) == 3
+    finally:
+        member.kill()
+        member.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.05)
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
