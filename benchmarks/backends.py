@@ -35,7 +35,7 @@ def run_tf(encoded: list[bytes], name: str, size: int, threads: int, fast: bool)
     import tensorflow as tf
 
     from enspipe.data.preprocessing import decode
-    from enspipe.run.pipeline import element_fn, tf_data_options
+    from enspipe.engine.backends.tf import element_fn, tf_data_options
 
     n = len(encoded)
     ds = tf.data.Dataset.from_tensor_slices({"encoded": encoded, "id": np.arange(n), "epoch": np.zeros(n, np.int64),
@@ -50,7 +50,7 @@ def run_tf(encoded: list[bytes], name: str, size: int, threads: int, fast: bool)
 
 def run_pillow(encoded: list[bytes], name: str, size: int, threads: int, fast: bool) -> tuple[float, float]:
     from enspipe.data import pixels
-    from enspipe.run.preprocessors import PillowEngine
+    from enspipe.engine.backends.pillow import PillowEngine
 
     engine = PillowEngine("inception" if name == "decode" else name, size, fast, "uint8", 0, threads, False)
     one = (lambda e, _: pixels.decode(e)) if name == "decode" else engine._one

@@ -193,7 +193,7 @@ def warm_cache(images: int):
     """A decode cache of one process (a node of one member), big enough for the images."""
     from mpi4py import MPI
 
-    from enspipe.run.decode_cache import DecodeCache
+    from enspipe.engine.decode_cache import DecodeCache
 
     return DecodeCache(MPI, MPI.COMM_SELF, 2 * images * 1_600_000, images)
 
@@ -201,7 +201,7 @@ def warm_cache(images: int):
 def cached_tf(size: int, cache):
     import tensorflow as tf
 
-    from enspipe.run.pipeline import element_fn
+    from enspipe.engine.backends.tf import element_fn
 
     one = element_fn("inception", size, False, "float32", 0, "crop-first", cache)
 

@@ -59,8 +59,8 @@ def worker(images: int, size: int, threads: int, passes: int, procs: int) -> Non
     32, a private pool of ``threads``, freed memory kept) after a warm-up, say ``ready``, wait for
     the go (a line on stdin), then preprocess its 1/``procs`` share of ``passes`` passes over the
     images; print its wall and CPU seconds."""
-    from enspipe.run.memory import set_malloc
-    from enspipe.run.pipeline import element_fn, tf_data_options
+    from enspipe.engine.memory import set_malloc
+    from enspipe.engine.backends.tf import element_fn, tf_data_options
 
     set_malloc("keep")
     encoded = encoded_images(images)

@@ -253,11 +253,12 @@ def test_the_data_commands_and_a_measured_cell_run_without_tensorflow(tmp_path):
     for consumer in ("peak", "emulated"):
         out = tmp_path / consumer
         r = run("run", "--data", data, "--out", out, "--scheme", "all_shared", "--batch-size", 8, "--image-size", 32,
-                "--warmup", 1, "--steps", 5, "--consumer", consumer, *(["--rate", 400] if consumer == "emulated" else []),
-                "--cpu-monitor", "none", n=2)
+                "--warmup", 1, "--steps", 5, "--consumer", consumer, "--cpu-monitor", "none",
+                *(["--rate", 400, "--preprocess", "standard", "--cores", 2] if consumer == "emulated" else []), n=2)
         assert r.returncode == 0, said(r)
         s = json.loads((out / "summary.json").read_text())
         assert s["backend"] == "pillow" and s["versions"]["tensorflow"] is None and s["consumer"] == consumer
+        assert s["preprocessing"] == ("standard" if consumer == "emulated" else "inception")
         assert s["delivery"]["exactly_once"] and s["delivery"]["skipped_samples"] == 0
     for args, field in ((("--consumer", "train", "--trainer", "keras"), "--trainer"), (("--backend", "tf"), "--backend")):
         r = run("run", "--data", data, "--out", tmp_path / "no", *args)
@@ -266,3 +267,15 @@ def test_the_data_commands_and_a_measured_cell_run_without_tensorflow(tmp_path):
                  ("profile", "--network", "tiny", "--data", data, "--cache", tmp_path / "profiles")):
         r = run(*args)
         assert r.returncode == 2 and "TensorFlow is not installed here; pip install 'enspipe[tf]'" in r.stderr, r.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["pillow", "tf"])
+def test_the_standard_preprocessing_delivers_each_sample_once_on_either_backend(dataset, tmp_path, backend):
+    """torchvision's standard transform by name, on 2 members of 2 cores each."""
+    r, res = members("keep", 2, tmp_path, without_tf=backend == "pillow", data=dataset, batch_size=10,
+                     image_size=32, scheme="all_shared", steps=10, backend=backend, preprocess="standard",
+                     threads=2)
+    assert r.returncode == 0, said(r)
+    _exactly_once(res, 2, 50, 2)
+    assert res[0]["spec"] == [[32, 32, 3], "float32"]

@@ -11,18 +11,48 @@ def jpeg():
     return tf.io.encode_jpeg(synthetic_image(0, 1, 10)[0], quality=90)
 
 
-@pytest.mark.parametrize("name", ["inception", "vgg"])
+@pytest.mark.parametrize("name", ["inception", "vgg", "standard", "standard-jitter"])
 @pytest.mark.parametrize("size", [32, 64])
 def test_shape_and_range(jpeg, name, size):
+    from enspipe.data.pixels import OUTPUT_RANGE
+
     out = make_preprocess_fn(name, size)(jpeg, tf.constant([1, 2], tf.int64)).numpy()
     assert out.shape == (size, size, 3) and out.dtype == np.float32
-    if name == "inception":
-        assert out.min() >= -1.0 and out.max() <= 1.0
-    else:
-        assert out.min() >= -max(VGG_MEANS) - 1e-3 and out.max() <= 255 - min(VGG_MEANS) + 1e-3
+    lo, hi = OUTPUT_RANGE[name]
+    assert out.min() >= lo - 1e-3 and out.max() <= hi + 1e-3
+    if name == "vgg":
+        assert lo == -max(VGG_MEANS) and hi == 255 - min(VGG_MEANS)
 
 
-@pytest.mark.parametrize("name", ["inception", "vgg"])
+def test_the_standard_crop_is_torchvisions_random_resized_crop():
+    """Every box of both backends lies in the image, covers 8-100% of it with an aspect ratio in
+    3/4-4/3 (up to rounding), or is torchvision's central fallback where no attempt fits."""
+    from enspipe.data import pixels
+    from enspipe.data.preprocessing import _resized_crop_box
+
+    for w0, h0 in ((400, 300), (500, 120), (64, 64)):
+        boxes = [pixels.resized_crop_box(pixels.generator(0, i), w0, h0) for i in range(100)]
+        for i in range(100):
+            (top, left), (h, w) = (x.numpy().tolist() for x in _resized_crop_box(tf.constant([h0, w0]),
+                                                                                  tf.constant([3, i], tf.int64)))
+            boxes.append((left, top, w, h))
+        for left, top, w, h in boxes:
+            assert 0 <= left and left + w <= w0 and 0 <= top and top + h <= h0
+            fallback = (w, h) in ((w0, min(h0, round(w0 * 4 / 3))), (min(w0, round(h0 * 4 / 3)), h0))
+            assert fallback or (0.08 * w0 * h0 - w - h <= w * h and 3 / 4 - 0.05 <= w / h <= 4 / 3 + 0.05), (w0, h0, w, h)
+
+
+def test_the_standard_normalisation_is_torchvisions():
+    from enspipe.data import pixels
+
+    x = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    want = (x / 255.0 - np.array(pixels.IMAGENET_MEAN)) / np.array(pixels.IMAGENET_STD)
+    assert np.abs(pixels.to_wire("standard", x, "float32") - want).max() < 1e-5
+    lo, hi = pixels.OUTPUT_RANGE["standard"]
+    assert np.isclose(lo, -0.485 / 0.229) and np.isclose(hi, (1 - 0.406) / 0.225)
+
+
+@pytest.mark.parametrize("name", ["inception", "vgg", "standard"])
 def test_reproducible_under_a_seed(jpeg, name):
     fn = make_preprocess_fn(name, 48)
     a, b = fn(jpeg, tf.constant([5, 9], tf.int64)), fn(jpeg, tf.constant([5, 9], tf.int64))

@@ -18,6 +18,13 @@ cache, whose images are decoded whole, never); Pillow's
 size in [256, 512] (scaled with the output size), a random crop, a random flip, channel means
 subtracted. The crop is cut from the source image and resized once (bilinear).
 
+``standard``: the transform most PyTorch users train with, torchvision's ``RandomResizedCrop(size,
+scale=(0.08, 1), ratio=(3/4, 4/3))`` (its ten attempts, then its central fallback), a random flip,
+and ``Normalize`` by ImageNet's channel means and deviations; ``standard-jitter`` adds
+``ColorJitter(0.4, 0.4, 0.4)`` (brightness, contrast and saturation in a random order, by
+Pillow's ``ImageEnhance``, as torchvision's PIL path does). The crop is resized once (bilinear,
+antialiased), from a JPEG decoded at the DCT scale its crop needs, as above.
+
 Every draw comes from a Philox generator keyed by ``(seed, position)``: a sample comes out the
 same whichever member preprocesses it and however many threads run. The two backends draw from
 different generators, so their images for one sample differ.
@@ -28,10 +35,14 @@ import io
 import math
 
 import numpy as np
-from PIL import Image, ImageStat
+from PIL import Image, ImageEnhance, ImageStat
 
 VGG_MEANS = (123.68, 116.78, 103.94)
-OUTPUT_RANGE = {"inception": (-1.0, 1.0), "vgg": (-max(VGG_MEANS), 255.0 - min(VGG_MEANS))}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # torchvision's Normalize
+_STANDARD_RANGE = (min(-m / d for m, d in zip(IMAGENET_MEAN, IMAGENET_STD)),
+                   max((1 - m) / d for m, d in zip(IMAGENET_MEAN, IMAGENET_STD)))
+OUTPUT_RANGE = {"inception": (-1.0, 1.0), "vgg": (-max(VGG_MEANS), 255.0 - min(VGG_MEANS)),
+                "standard": _STANDARD_RANGE, "standard-jitter": _STANDARD_RANGE}
 _METHODS = (Image.Resampling.BILINEAR, Image.Resampling.NEAREST, Image.Resampling.BICUBIC, Image.Resampling.BOX)
 _MASK64 = 2**64 - 1
 
@@ -275,8 +286,77 @@ def vgg_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
     return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
 
 
-PREPROCESSING = {"inception": inception_train, "vgg": vgg_train}
-EVAL_PREPROCESSING = {"inception": inception_eval, "vgg": vgg_eval}
+def resized_crop_box(rng: np.random.Generator, width: int, height: int) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params`` (scale 0.08-1, ratio 3/4-4/3): ``(left,
+    top, width, height)``, its draws in its order."""
+    area, lo, hi = width * height, math.log(3 / 4), math.log(4 / 3)
+    for _ in range(10):
+        target, aspect = area * rng.uniform(0.08, 1.0), math.exp(rng.uniform(lo, hi))
+        w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            return int(rng.integers(0, width - w + 1)), top, w, h
+    ratio = width / height
+    if ratio < 3 / 4:
+        w, h = width, int(round(width / (3 / 4)))
+    elif ratio > 4 / 3:
+        w, h = int(round(height * (4 / 3))), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def _jitter(im: Image.Image, rng: np.random.Generator, strength: float = 0.4) -> Image.Image:
+    """torchvision's ``ColorJitter(strength, strength, strength)``: brightness, contrast and
+    saturation factors in [1 - s, 1 + s], applied in a random order."""
+    enhance = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
+    order = rng.permutation(3)
+    factors = rng.uniform(1 - strength, 1 + strength, 3)
+    for i in order:
+        im = enhance[i](im).enhance(float(factors[i]))
+    return im
+
+
+def standard_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
+                   fast_mode: bool = False, jitter: bool = False) -> np.ndarray:
+    """The standard PyTorch training transform before ``Normalize`` (see :func:`to_wire`) ->
+    uint8 ``size x size x 3``: a random resized crop, a random flip, ``jitter``: ColorJitter."""
+    del fast_mode  # torchvision's transform has no fast mode
+    im = _opened(encoded)
+    left, top, w, h = resized_crop_box(rng, *im.size)
+    im, box = _drafted(im, (left, top, left + w, top + h), size)
+    im = im.resize((size, size), Image.Resampling.BILINEAR, box=box)
+    if rng.random() < 0.5:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(_jitter(im, rng) if jitter else im)
+
+
+def standard_jitter_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
+                          fast_mode: bool = False) -> np.ndarray:
+    return standard_train(encoded, size, rng, fast_mode, jitter=True)
+
+
+def standard_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
+    """torchvision's evaluation transform: the shorter side to ``size / 0.875`` (256 for 224),
+    the central ``size`` crop (bilinear) -> uint8 (normalised by :func:`to_wire`)."""
+    im = _opened(encoded)
+    w0, h0 = im.size
+    scale = round(size / 0.875) / min(w0, h0)
+    nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))
+    left, top = (nw - size) // 2, (nh - size) // 2
+    box = (left * w0 / nw, top * h0 / nh, (left + size) * w0 / nw, (top + size) * h0 / nh)
+    im, box = _drafted(im, box, size)
+    return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
+
+
+PREPROCESSING = {"inception": inception_train, "vgg": vgg_train, "standard": standard_train,
+                 "standard-jitter": standard_jitter_train}
+EVAL_PREPROCESSING = {"inception": inception_eval, "vgg": vgg_eval, "standard": standard_eval,
+                      "standard-jitter": standard_eval}
+
+
+_STD_SCALE = (1 / (255 * np.asarray(IMAGENET_STD))).astype(np.float32)
+_STD_SHIFT = (-np.asarray(IMAGENET_MEAN) / np.asarray(IMAGENET_STD)).astype(np.float32)
 
 
 def to_wire(name: str, pixels: np.ndarray, wire_dtype: str) -> np.ndarray:
@@ -284,7 +364,12 @@ def to_wire(name: str, pixels: np.ndarray, wire_dtype: str) -> np.ndarray:
     quantised over that range (:data:`OUTPUT_RANGE`) as the TensorFlow backend quantises it."""
     lo, hi = OUTPUT_RANGE[name]
     x = pixels.astype(np.float32)
-    x = x / np.float32(127.5) - 1 if name == "inception" else x - np.asarray(VGG_MEANS, np.float32)
+    if name == "inception":
+        x = x / np.float32(127.5) - 1
+    elif name == "vgg":
+        x = x - np.asarray(VGG_MEANS, np.float32)
+    else:  # Normalize(mean, std) of [0, 1] values, as one multiply and add
+        x = x * _STD_SCALE + _STD_SHIFT
     if wire_dtype == "float32":
         return x
     return np.round(np.clip((x - lo) / (hi - lo), 0.0, 1.0) * 255.0).astype(np.uint8)

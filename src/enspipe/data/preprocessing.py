@@ -14,6 +14,12 @@ crop-first with the colour distortion as one affine map in YIQ, an approximation
 the shorter side to a random size in [256, 512], random crop, random flip, channel-mean
 subtraction. The side range scales with the output size (exactly [256, 512] at 224 px).
 
+``standard`` and ``standard-jitter``: torchvision's ``RandomResizedCrop`` (scale 0.08-1, ratio
+3/4-4/3, ten attempts, then the central fallback), a random flip and ``Normalize`` by ImageNet's
+means and deviations; a JPEG decodes its crop window alone. ``standard-jitter`` adds
+``ColorJitter(0.4, 0.4, 0.4)``: brightness, contrast and saturation as torchvision blends them,
+in a random order. The pillow backend draws from another generator (:mod:`enspipe.data.pixels`).
+
 Randomness is stateless: every element's draws derive from ``(seed, position)``, so the output
 for a given element is the same whichever rank preprocesses it and however many threads run.
 """
@@ -22,10 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import math
+
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data.pixels import COLOUR_ORDERS, VGG_MEANS
+from enspipe.data.pixels import COLOUR_ORDERS, IMAGENET_MEAN, IMAGENET_STD, VGG_MEANS
 
 _RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area")
 
@@ -205,8 +213,99 @@ def vgg_eval(image: tf.Tensor, size: int) -> tf.Tensor:
     return image - tf.constant(VGG_MEANS, tf.float32)
 
 
-PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_train, "vgg": vgg_train}
-EVAL_PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_eval, "vgg": vgg_eval}
+def _resized_crop_box(hw: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """torchvision's ``RandomResizedCrop`` box of an image of ``hw`` (``[h, w]``): its ten
+    attempts drawn at once, the first that fits, else its central fallback. ``(begin, size)``."""
+    s = _seeds(seed, 3)
+    hf, wf = tf.cast(hw[0], tf.float32), tf.cast(hw[1], tf.float32)
+    target = hf * wf * tf.random.stateless_uniform([10], s[0], 0.08, 1.0)
+    aspect = tf.exp(tf.random.stateless_uniform([10], s[1], math.log(3 / 4), math.log(4 / 3)))
+    w = tf.cast(tf.math.round(tf.sqrt(target * aspect)), tf.int32)
+    h = tf.cast(tf.math.round(tf.sqrt(target / aspect)), tf.int32)
+    fits = (w > 0) & (w <= hw[1]) & (h > 0) & (h <= hw[0])
+    i = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
+    ratio = wf / hf
+    fall_w = tf.where(ratio > 4 / 3, tf.cast(tf.math.round(hf * 4 / 3), tf.int32), hw[1])
+    fall_h = tf.where(ratio < 3 / 4, tf.cast(tf.math.round(wf * 4 / 3), tf.int32), hw[0])
+    ch, cw = (tf.where(tf.reduce_any(fits), h[i], fall_h), tf.where(tf.reduce_any(fits), w[i], fall_w))
+    u = tf.random.stateless_uniform([2], s[2])
+    top = tf.where(tf.reduce_any(fits), tf.cast(u[0] * tf.cast(hw[0] - ch + 1, tf.float32), tf.int32), (hw[0] - ch) // 2)
+    left = tf.where(tf.reduce_any(fits), tf.cast(u[1] * tf.cast(hw[1] - cw + 1, tf.float32), tf.int32), (hw[1] - cw) // 2)
+    return tf.stack([top, left]), tf.stack([ch, cw])
+
+
+def _standard_window(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """The uint8 pixels of the random resized crop: a JPEG decodes its window alone."""
+    def jpeg() -> tf.Tensor:
+        begin, size = _resized_crop_box(tf.image.extract_jpeg_shape(encoded)[:2], seed)
+        return tf.io.decode_and_crop_jpeg(encoded, tf.concat([begin, size], 0), channels=3)
+
+    def other() -> tf.Tensor:
+        image = decode(encoded)
+        begin, size = _resized_crop_box(tf.shape(image)[:2], seed)
+        return tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([size, [3]], 0))
+
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+
+
+def _jitter(image: tf.Tensor, seed: tf.Tensor, strength: float = 0.4) -> tf.Tensor:
+    """torchvision's ``ColorJitter(strength, strength, strength)`` of a float image in [0, 1]:
+    brightness, contrast (about the grey image's mean) and saturation (towards the grey image) by
+    factors in [1 - s, 1 + s], in one of the six orders drawn at random."""
+    s = _seeds(seed, 2)
+    f = tf.random.stateless_uniform([3], s[0], 1 - strength, 1 + strength)
+    grey = lambda x: tf.image.rgb_to_grayscale(x)  # noqa: E731
+    ops = (lambda x: x * f[0], lambda x: (x - tf.reduce_mean(grey(x))) * f[1] + tf.reduce_mean(grey(x)),
+           lambda x: grey(x) + (x - grey(x)) * f[2])
+    orders = ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
+
+    def apply(order):
+        x = image
+        for k in order:
+            x = tf.clip_by_value(ops[k](x), 0.0, 1.0)
+        return x
+
+    return _switch(_choice(s[1], len(orders)), [lambda o=o: apply(o) for o in orders])
+
+
+def standard_crop_train(crop: tf.Tensor, size: int, seed: tf.Tensor, jitter: bool = False) -> tf.Tensor:
+    """The standard transform from its crop's uint8 pixels on: resized (bilinear, antialiased),
+    flipped, ``jitter``: ColorJitter, normalised -> float32."""
+    s = _seeds(seed, 3)
+    image = tf.image.resize(tf.image.convert_image_dtype(crop, tf.float32), [size, size], "bilinear", antialias=True)
+    image = tf.image.stateless_random_flip_left_right(tf.clip_by_value(image, 0.0, 1.0), s[1])
+    if jitter:
+        image = _jitter(image, s[2])
+    image.set_shape([size, size, 3])
+    return (image - tf.constant(IMAGENET_MEAN)) / tf.constant(IMAGENET_STD)
+
+
+def standard_train(image: tf.Tensor, size: int, seed: tf.Tensor, fast_mode: bool = False,
+                   jitter: bool = False) -> tf.Tensor:
+    """The standard transform of a decoded uint8 image."""
+    del fast_mode
+    begin, crop = _resized_crop_box(tf.shape(image)[:2], _seeds(seed, 3)[0])
+    return standard_crop_train(tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [3]], 0)), size, seed,
+                               jitter)
+
+
+def standard_eval(image: tf.Tensor, size: int) -> tf.Tensor:
+    """torchvision's evaluation transform: the shorter side to ``size / 0.875``, the central crop,
+    normalised."""
+    side = round(size / 0.875)
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    new_hw = tf.cast(tf.math.rint(shape * side / tf.reduce_min(shape)), tf.int32)
+    image = tf.image.resize(tf.image.convert_image_dtype(image, tf.float32), new_hw, "bilinear", antialias=True)
+    top, left = (new_hw[0] - size) // 2, (new_hw[1] - size) // 2
+    image = tf.slice(image, [top, left, 0], [size, size, 3])
+    return (image - tf.constant(IMAGENET_MEAN)) / tf.constant(IMAGENET_STD)
+
+
+PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {
+    "inception": inception_train, "vgg": vgg_train, "standard": standard_train,
+    "standard-jitter": lambda image, size, seed, fast_mode=False: standard_train(image, size, seed, fast_mode, True)}
+EVAL_PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_eval, "vgg": vgg_eval,
+                                                           "standard": standard_eval, "standard-jitter": standard_eval}
 IMPLEMENTATIONS = ("crop-first", "reference", "fused-colour")  # enspipe.plan.stream.IMPLEMENTATIONS
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:
@@ -229,6 +328,10 @@ def make_preprocess_fn(name: str, size: int, fast_mode: bool = False,
     if impl != "reference" and name == "inception":
         fused = impl == "fused-colour"
         return lambda encoded, seed: inception_crop_train(encoded, size, seed, fast_mode, fused)
+    if name.startswith("standard"):
+        jitter = name == "standard-jitter"
+        return lambda encoded, seed: standard_crop_train(_standard_window(encoded, _seeds(seed, 3)[0]), size, seed,
+                                                         jitter)
     train = PREPROCESSING[name]
 
     def fn(encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:

@@ -20,7 +20,7 @@ from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, counts, na
                                   rank_factor, size_bytes)
 from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
-from enspipe.plan.stream import BACKENDS, IMPLEMENTATIONS
+from enspipe.plan.stream import BACKENDS, BUILTIN_PREPROCESSING, IMPLEMENTATIONS
 
 CONSUMERS = ("train", "emulated", "peak")
 TRAINERS = ("auto", "keras", "torch")
@@ -95,6 +95,10 @@ class PreprocessOptions:
     backend: str = option("auto", "preprocessing backend: tf (tf.data and Slim's TensorFlow ops) or pillow (Pillow "
                           "and numpy, no TensorFlow); auto: tf where TensorFlow is installed",
                           choices=("auto", *BACKENDS))
+    preprocess: str = option("network", "the training preprocessing: network (the network's own, Slim's inception "
+                             "or vgg, as in the paper), inception, vgg, standard (torchvision's RandomResizedCrop, "
+                             "flip and Normalize) or standard-jitter (standard with ColorJitter(0.4, 0.4, 0.4))",
+                             choices=("network", *BUILTIN_PREPROCESSING))
     fast_mode: bool = option(False, "TF-Slim's inception fast_mode (off in the paper)")
     preprocess_impl: str = option("crop-first", "the built-in preprocessing: crop-first (inception's crop window "
                                   "alone decoded, bit for bit Slim's values, less CPU), reference (Slim's functions "

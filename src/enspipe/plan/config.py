@@ -302,6 +302,14 @@ class RunConfig:
         return "tf" if tensorflow_installed() else "pillow"
 
     @property
+    def preprocessing(self) -> str:
+        """The built-in preprocessing the cell runs (``network``: its network's own, resolved here)."""
+        from enspipe.models.networks import network_spec
+
+        p = self.preprocess.preprocess
+        return network_spec(self.training.network).preprocessing if p == "network" else p
+
+    @property
     def trainer(self) -> str | None:
         """The train consumer's framework (``auto`` resolved here); None for the other consumers."""
         if self.training.consumer != "train":

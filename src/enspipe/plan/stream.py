@@ -14,7 +14,8 @@ from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 
-BUILTIN_PREPROCESSING = ("inception", "vgg")  # enspipe.data.preprocessing.PREPROCESSING's names
+# enspipe.data.preprocessing.PREPROCESSING's names, and enspipe.data.pixels.PREPROCESSING's
+BUILTIN_PREPROCESSING = ("inception", "vgg", "standard", "standard-jitter")
 TRANSPORTS = ("mpi4py", "horovod")
 # preprocessing backends: TensorFlow's (tf.data, Slim's ops) and Pillow's with numpy (no TensorFlow);
 # "auto" is tf where TensorFlow is installed, else pillow
@@ -38,7 +39,9 @@ class StreamConfig:
         cfg = StreamConfig(data="data/train", batch_size=64, scheme="all_shared")
         cfg.check()   # the dataset and the preprocessing, before any collective
 
-    ``preprocess`` is a built-in's name (Slim's ``inception`` or ``vgg`` training preprocessing)
+    ``preprocess`` is a built-in's name (Slim's ``inception`` or ``vgg`` training preprocessing,
+    or ``standard``: torchvision's RandomResizedCrop, flip and Normalize; ``standard-jitter``: with
+    ColorJitter(0.4, 0.4, 0.4))
     or a function ``fn(image, seed) -> tensor`` (see :class:`enspipe.data.preprocessing.UserPreprocess`).
 
     ``backend``: ``tf`` (tf.data and TensorFlow's image ops: Slim's preprocessing, exactly) or
@@ -158,7 +161,7 @@ class StreamConfig:
                 "own", "leave preprocess_impl at crop-first with a preprocess function")
         if self.backend == "pillow":
             require(not callable(self.preprocess), "preprocess", "a preprocess function takes TensorFlow tensors; "
-                    "the pillow backend runs the built-ins alone", "use preprocess='inception' or 'vgg', or install "
+                    "the pillow backend runs the built-ins alone", "use preprocess='inception', 'vgg' or 'standard', or install "
                     "TensorFlow and pass backend='tf'")
             require(self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow build",
                     "use transport='mpi4py' with the pillow backend")

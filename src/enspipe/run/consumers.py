@@ -269,10 +269,9 @@ def make_consumer(cfg, num_classes: int, member: int, dequantize=None, group=Non
     if cfg.training.consumer == "emulated":  # its rc, --slow-member's slowdown, the efficiency at its width
         return EmulatedConsumer(cfg.accelerator_rate(member, 1 if group is None else group.Get_size()), group)
     if cfg.trainer == "torch":  # one rank per member (the config refuses the rest)
-        from enspipe.models.networks import network_spec
         from enspipe.run.torch_train import TorchTrainConsumer
 
-        wire = (network_spec(cfg.training.network).preprocessing, cfg.stream.wire_dtype)  # the stream's
+        wire = (cfg.preprocessing, cfg.stream.wire_dtype)  # the stream's
         return TorchTrainConsumer(cfg.network_for(member), num_classes, cfg.stream.image_size, cfg.lr_for(member),
                                   seed=cfg.stream.seed * 1000 + member, wire=wire)
     return TrainConsumer(cfg.network_for(member), num_classes, cfg.stream.image_size, cfg.lr_for(member),

@@ -21,14 +21,13 @@ def setup(cfg: RunConfig, comm, scheme, progress: dict) -> Job:
     """Place and pin this rank, start the node monitor and the heartbeat, clear an earlier run's
     results, and build the transport, the pipeline, the consumer and the member."""
     from enspipe.common.events import EventLog
-    from enspipe.models.networks import network_spec
 
     rank = comm.Get_rank()
     where, scheme, monitor, affinity, malloc = _placed(cfg, comm)
     heartbeat = _heartbeat(cfg, comm, progress)  # after TensorFlow's import holds the GIL
     _clear_earlier_results(cfg, comm)
     events = EventLog(cfg.out, rank)
-    preprocessing = network_spec(cfg.training.network).preprocessing
+    preprocessing = cfg.preprocessing
     manifest = _manifest(cfg)
     _log_start(cfg, comm, scheme, where, events, affinity, malloc, preprocessing, manifest)
     transport, pipeline = _delivery(cfg, comm, scheme, manifest, preprocessing, where, events)

@@ -16,6 +16,7 @@ from enspipe.common import keys, phases
 from enspipe.plan.config import RunConfig
 from enspipe.plan.grid import Cell
 from enspipe.plan.schemes import AUTO
+from enspipe.plan.stream import BUILTIN_PREPROCESSING
 from enspipe.engine.decode_cache import cache_summary
 
 if TYPE_CHECKING:
@@ -226,7 +227,7 @@ def _preprocessing(cfg: RunConfig, preprocessing: str, reports: list[dict], mani
 def _impl(cfg: RunConfig, preprocessing: str) -> str:
     """Which implementation preprocessed: the tf backend's crop-first, reference or fused-colour
     (inception's; vgg has one), the pillow backend's (or its fused-colour), or a user's function."""
-    if preprocessing not in ("inception", "vgg"):
+    if preprocessing not in BUILTIN_PREPROCESSING:
         return "user"
     impl = cfg.preprocess.preprocess_impl
     if cfg.backend == "tf":

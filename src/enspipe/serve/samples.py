@@ -1,16 +1,16 @@
 """One sample of a dataset by its number, read and preprocessed into a slot of the server's pool
-(Pillow and numpy: :mod:`enspipe.data.pixels`; no TensorFlow), and the pool itself: a file in
-``/dev/shm`` that the server and every consumer map.
+(the pillow backend's per-image function, :mod:`enspipe.engine.backends.pillow`; no TensorFlow),
+and the pool itself: a file in ``/dev/shm`` that the server and every consumer map.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
 
 import numpy as np
 
-from enspipe.data import pixels
 from enspipe.data.keys import sample_ids
 from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.order import NumpyOrder, RecordReader, read_file
@@ -153,12 +153,20 @@ def reap_dead(say=None, path: str | None = None, wait: float = 0.0) -> list[str]
 
 
 def make_sample(source: SampleSource, opts, s: int, position: int) -> tuple[np.ndarray, int, int]:
-    """Sample ``s`` preprocessed with the draws of stream ``position``: ``(image as it travels,
-    label, id)``; raises :class:`DataError` naming a file that cannot be read or decoded."""
+    """Sample ``s`` preprocessed with the draws of stream ``position`` by the pillow backend's
+    per-image function (the engine's, :func:`enspipe.engine.backends.pillow.work`): ``(image as it
+    travels, label, id)``; raises :class:`DataError` naming a file that cannot be read or decoded."""
     encoded, label, sid, key = source.read(s)
+    one, undecodable = _work(opts.preprocess, opts.image_size, opts.fast_mode, opts.wire_dtype, opts.seed)
     try:
-        image = pixels.PREPROCESSING[opts.preprocess](encoded, opts.image_size, pixels.generator(opts.seed, position),
-                                                      opts.fast_mode)
-    except pixels.Undecodable as e:
+        image = one(encoded, position, sid, 0)
+    except undecodable as e:
         raise DataError(f"{key}: undecodable image ({e})") from None
-    return pixels.to_wire(opts.preprocess, image, opts.wire_dtype), label, sid
+    return image, label, sid
+
+
+@functools.lru_cache(maxsize=8)
+def _work(preprocess: str, size: int, fast_mode: bool, wire_dtype: str, seed: int):
+    from enspipe.engine.backends.pillow import work
+
+    return work(preprocess, size, fast_mode, wire_dtype, seed, fused=False)

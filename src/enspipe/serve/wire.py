@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
+from enspipe.plan.stream import BUILTIN_PREPROCESSING
 
-PREPROCESSING = ("inception", "vgg")
+PREPROCESSING = BUILTIN_PREPROCESSING  # the built-ins, the pillow backend's
 WIRE_DTYPES = ("float32", "uint8")
 HEADER = struct.Struct("!I")
 MAX_MESSAGE = 1 << 20  # the largest message (a batch's slot list) is a few kB
