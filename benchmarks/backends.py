@@ -1,6 +1,7 @@
 """The two preprocessing backends side by side: CPU ms and wall time per image of TensorFlow's
 (tf.data and Slim's ops, the pipeline's own per-sample function) and of the pillow backend's
-(Pillow and numpy, the pipeline's own engine), on the same encoded images, for each built-in
+(Pillow and numpy, the pipeline's own engine: its worker processes past one thread), on the same
+encoded images, for each built-in
 preprocessing and thread count, and each backend's bare JPEG decode as the floor.
 
     python benchmarks/backends.py [--images 256] [--size 224] [--repeats 3]
@@ -49,15 +50,28 @@ def run_tf(encoded: list[bytes], name: str, size: int, threads: int, fast: bool)
 
 
 def run_pillow(encoded: list[bytes], name: str, size: int, threads: int, fast: bool) -> tuple[float, float]:
+    """The pillow backend's engine over the images as one slice: its ``threads`` worker
+    processes (one: in this thread); ``decode``: Pillow's whole decode in this thread alone.
+    CPU is this process's and its workers' (:func:`enspipe.measure.threadcpu.process_cpu`)."""
     from enspipe.data import pixels
     from enspipe.engine.backends.pillow import PillowEngine
+    from enspipe.measure.threadcpu import process_cpu
 
-    engine = PillowEngine("inception" if name == "decode" else name, size, fast, "uint8", 0, threads, False)
-    one = (lambda e, _: pixels.decode(e)) if name == "decode" else engine._one
+    if name == "decode":
+        t, cpu = time.perf_counter(), process_cpu()
+        for e in encoded:
+            pixels.decode(e)
+        return time.perf_counter() - t, process_cpu() - cpu
+    n = len(encoded)
+    item = {"encoded": np.array(encoded, object), "id": np.arange(n), "epoch": np.zeros(n, np.int64),
+            "position": np.arange(n), "label": np.zeros(n, np.int64), "key": np.array([b"x"] * n, object)}
+    engine = PillowEngine(name, size, fast, "uint8", 0, threads, False)
     try:
-        t, cpu = time.perf_counter(), time.process_time()
-        list(engine.pool.map(one, encoded, range(len(encoded))))
-        return time.perf_counter() - t, time.process_time() - cpu
+        it = engine.run(lambda: item)
+        next(it)  # its workers start
+        t, cpu = time.perf_counter(), process_cpu()
+        next(it)
+        return time.perf_counter() - t, process_cpu() - cpu
     finally:
         engine.close()
 

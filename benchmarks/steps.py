@@ -153,8 +153,6 @@ def _step(rows, costs: list[float], r: int) -> float:
 
 def profile_pillow(encoded, size: int, repeats: int) -> list[tuple[str, float]]:
     """The pillow backend's inception, step by step on the thread's CPU clock."""
-    from PIL import Image
-
     from enspipe.data import pixels as px
 
     steps: dict[str, list[float]] = {}
@@ -167,22 +165,27 @@ def profile_pillow(encoded, size: int, repeats: int) -> list[tuple[str, float]]:
 
     colour = {"b": ("colour: brightness", 16 / 255), "s": ("colour: saturation", 1.25), "h": ("colour: hue", 0.1),
               "c": ("colour: contrast", 1.25)}
+    names = ("bilinear", "nearest", "bicubic", "area")
     for _ in range(repeats):
         for i, e in enumerate(encoded):
             rng = px.generator(0, i)
             im = timed("open + bounding box", px.open_image, e)
             left, top, w, h = timed("open + bounding box", px.sample_crop, rng, *im.size)
             im, box = timed("decode (DCT-scaled draft)", px._drafted, im, (left, top, left + w, top + h), size)
-            for method in px._METHODS:
-                small = timed(f"  resize {method.name.lower()}", lambda m=method: im.resize((size, size), m, box=box))
-            small = timed("flip", small.transpose, Image.Transpose.FLIP_LEFT_RIGHT)
+            x0, y0, x1, y1 = (int(round(v)) for v in box)
+            crop = timed("array of the crop", lambda: np.asarray(im)[y0:max(y1, y0 + 1), x0:max(x1, x0 + 1)])
+            for name, method in zip(names, px._CV_METHODS):
+                small = timed(f"  resize {name}", lambda m=method: px.cv2.resize(crop, (size, size), interpolation=m))
+            small = timed("flip", px.cv2.flip, small, 1)
+            x = timed("to float", lambda: small.astype(np.float32) * np.float32(1 / 255))
             for op, (name, value) in colour.items():
-                timed(name, px.colour_op, small, op, value)
-            timed("to the wire (float)", px.to_wire, "inception", np.asarray(small), "float32")
+                timed(name, px.colour_op, x, op, value)
+            timed("to the wire (float)", px.to_wire, "inception", small, "float32")
     per = {k: sum(v) / repeats / len(encoded) for k, v in steps.items()}
     resize = float(np.mean([v for k, v in per.items() if k.startswith("  resize")]))
     rows = [(k, v) for k, v in per.items() if not k.startswith("colour") and k != "flip" and not k.startswith("to")]
-    rows += [("resize (mean of 4)", resize)] + [(k, v) for k, v in per.items() if k.startswith(("flip", "colour", "to"))]
+    rows += [("resize (mean of 4)", resize)] + [(k, v) for k, v in per.items()
+                                               if k.startswith(("flip", "colour", "to "))]
     whole = []
     for _ in range(repeats):
         t = time.thread_time()

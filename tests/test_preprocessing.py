@@ -168,3 +168,16 @@ def test_fused_colour_is_an_approximation_and_is_refused_beside_a_function(tmp_p
                      preprocess_impl="fused-colour")
     with pytest.raises(ConfigError, match="preprocess_impl"):
         StreamConfig(data=str(tmp_path), batch_size=8, preprocess_impl="reference", backend="pillow")
+
+
+@pytest.mark.parametrize("op, value", [("b", 0.1), ("b", -0.12), ("c", 0.6), ("c", 1.4), ("s", 0.5), ("s", 1.5),
+                                       ("h", 0.15), ("h", -0.2)])
+def test_the_pillow_backends_colour_steps_are_tensorflows(op, value):
+    """Each colour step of the pillow backend (float32; OpenCV's HSV) against TensorFlow's
+    adjust_* op on the same float image: Slim's steps, within float rounding."""
+    from enspipe.data import pixels
+
+    x = np.random.default_rng(1).random((24, 24, 3)).astype(np.float32)
+    tf_op = {"b": tf.image.adjust_brightness, "c": tf.image.adjust_contrast, "s": tf.image.adjust_saturation,
+             "h": tf.image.adjust_hue}[op]
+    assert np.abs(pixels.colour_op(x, op, value) - tf_op(x, value).numpy()).max() < 2e-3

@@ -1,6 +1,6 @@
 """Training preprocessing without TensorFlow (the ``pillow`` backend): Pillow decodes and resizes,
-numpy does the rest, one image per call of a thread pool (Pillow's decoding and resampling and
-numpy's array arithmetic release the GIL).
+OpenCV (float32) and numpy do the colour, one image per call, in a member's worker processes
+(:mod:`enspipe.engine.backends.pillow`).
 
 ``inception``: the standard ImageNet training augmentation, with Slim's
 ``inception_preprocessing.preprocess_for_train`` parameters: a random crop of 5%..100% of the
@@ -12,7 +12,9 @@ and saturation in two orders in fast mode); values in [-1, 1]. Where it differs 
 runs in TensorFlow: a JPEG is decoded at 1/2, 1/4 or 1/8 scale where the crop still has the output's
 size at that scale (libjpeg's DCT scaling: what the crop needs, not the whole image; with the decode
 cache, whose images are decoded whole, never); Pillow's
-``box`` resampling stands in for ``area``; the colour steps round to 8-bit values after each step.
+``box`` resampling stands in for ``area``; the colour steps run in float32 as TensorFlow's
+``adjust_*`` define them (HSV's by OpenCV's conversions), clipped at the end as Slim clips, and
+the image is rounded to 8 bits once.
 
 ``vgg``: Slim's ``vgg_preprocessing.preprocess_for_train``: the shorter side resized to a random
 size in [256, 512] (scaled with the output size), a random crop, a random flip, channel means
@@ -34,8 +36,11 @@ from __future__ import annotations
 import io
 import math
 
+import cv2
 import numpy as np
 from PIL import Image, ImageEnhance, ImageStat
+
+cv2.setNumThreads(0)  # one image per thread or worker process: OpenCV's own pool would only contend
 
 VGG_MEANS = (123.68, 116.78, 103.94)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # torchvision's Normalize
@@ -43,7 +48,7 @@ _STANDARD_RANGE = (min(-m / d for m, d in zip(IMAGENET_MEAN, IMAGENET_STD)),
                    max((1 - m) / d for m, d in zip(IMAGENET_MEAN, IMAGENET_STD)))
 OUTPUT_RANGE = {"inception": (-1.0, 1.0), "vgg": (-max(VGG_MEANS), 255.0 - min(VGG_MEANS)),
                 "standard": _STANDARD_RANGE, "standard-jitter": _STANDARD_RANGE}
-_METHODS = (Image.Resampling.BILINEAR, Image.Resampling.NEAREST, Image.Resampling.BICUBIC, Image.Resampling.BOX)
+_CV_METHODS = (cv2.INTER_LINEAR, cv2.INTER_NEAREST, cv2.INTER_CUBIC, cv2.INTER_AREA)  # Slim's resize methods
 _MASK64 = 2**64 - 1
 
 
@@ -117,38 +122,6 @@ def _drafted(im: Image.Image, box: tuple[float, float, float, float], size: int)
     return im, (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
 
 
-def _saturate(im: Image.Image, factor: float) -> Image.Image:
-    """HSV saturation times ``factor`` (at most 1), hue and value kept: each channel's distance
-    below the pixel's maximum is scaled alike, which keeps the hue (its ratio of distances)."""
-    r, g, b = (np.asarray(band, dtype=np.float32) for band in im.split())
-    v = np.maximum(np.maximum(r, g), b)
-    spread = v - np.minimum(np.minimum(r, g), b)
-    k = np.minimum(np.float32(factor), v / np.maximum(spread, np.float32(1e-6)))
-    return Image.merge("RGB", [Image.fromarray(np.clip(v - (v - c) * k + 0.5, 0, 255).astype(np.uint8))
-                               for c in (r, g, b)])
-
-
-def _shift_hue(im: Image.Image, delta: float) -> Image.Image:
-    """HSV hue turned by ``delta`` of a full turn, saturation and value kept (HSV to RGB by
-    ``V - C * max(0, min(k, 4 - k, 1))``, ``k = (n + H) mod 6`` for n = 5, 3, 1). One division
-    for the three sextant cases, and the ``mod 6`` as the one addition or subtraction of 6 that
-    ``np.mod`` makes for these values (H + n is in [-2, 12)): the same floats, at half the cost."""
-    r, g, b = (np.asarray(band, dtype=np.float32) for band in im.split())
-    v = np.maximum(np.maximum(r, g), b)
-    c = v - np.minimum(np.minimum(r, g), b)
-    safe = np.maximum(c, np.float32(1e-6))
-    is_r, is_g = v == r, v == g
-    h = np.where(is_r, g - b, np.where(is_g, b - r, r - g)) / safe
-    h = h + np.where(is_r, np.float32(0), np.where(is_g, np.float32(2), np.float32(4))) + np.float32(6 * delta)
-    out = []
-    for n in (5, 3, 1):
-        k = h + np.float32(n)
-        k = np.where(k >= 6, k - np.float32(6), np.where(k < 0, k + np.float32(6), k))
-        f = v - c * np.clip(np.minimum(k, 4 - k), 0, 1)
-        out.append(Image.fromarray(np.clip(f + 0.5, 0, 255).astype(np.uint8)))
-    return Image.merge("RGB", out)
-
-
 # RGB -> YIQ (NTSC), and its inverse: the colour space of the fused colour distortion
 YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 YIQ_INV = np.linalg.inv(YIQ)
@@ -208,41 +181,67 @@ def _fused_colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) ->
     return im.convert("RGB", tuple(np.concatenate([a, b], axis=1).ravel().tolist()))
 
 
-def _colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image.Image:
-    """Slim's colour distortion in one of its orderings: brightness and contrast by lookup tables
-    (contrast about each channel's mean), saturation and hue in RGB, as HSV defines them."""
+def _colour(pixels: np.ndarray, rng: np.random.Generator, fast_mode: bool) -> np.ndarray:
+    """Slim's colour distortion in one of its orderings, in float32 as TensorFlow's ops define each
+    step (:func:`colour_op`), clipped to [0, 1] once at the end as Slim clips, and rounded to
+    8 bits once. Adjacent saturation and hue steps share one HSV conversion."""
     order, factors = _colour_draws(rng, fast_mode)
-    for op in order:
-        im = colour_op(im, op, factors[op])
-    return im
+    x = pixels.astype(np.float32) * np.float32(1 / 255)
+    i = 0
+    while i < len(order):
+        if order[i] in "bc":
+            x = colour_op(x, order[i], factors[order[i]])
+            i += 1
+            continue
+        hsv = cv2.cvtColor(x, cv2.COLOR_RGB2HSV)
+        while i < len(order) and order[i] in "sh":
+            _hsv_step(hsv, order[i], factors[order[i]])
+            i += 1
+        x = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+    return cv2.convertScaleAbs(cv2.max(x, 0.0), alpha=255)  # x 255, rounded, clipped to [0, 255]
 
 
-def colour_op(im: Image.Image, op: str, value: float) -> Image.Image:
-    """One of Slim's colour steps: ``b``rightness (+value), ``s``aturation and ``c``ontrast
-    (x value), ``h``ue (+value of a turn)."""
-    levels = np.arange(256, dtype=np.float32)
+def _hsv_step(hsv: np.ndarray, op: str, value: float) -> None:
+    """Saturation times ``value`` (at most 1), or hue turned by ``value`` of a turn, in place in
+    OpenCV's float HSV (H in degrees; its HSV to RGB takes any H >= 0 modulo 360, so a turn
+    back is made as the turn forward it equals)."""
+    if op == "s":
+        np.minimum(hsv[..., 1] * np.float32(value), np.float32(1), out=hsv[..., 1])
+    else:
+        hsv[..., 0] += np.float32(360 * (value % 1.0))
+
+
+def colour_op(x: np.ndarray, op: str, value: float) -> np.ndarray:
+    """One of Slim's colour steps on a float32 RGB image in [0, 1] units, as TensorFlow's
+    ``adjust_*`` defines it: ``b``rightness (+value), ``c``ontrast (x value about each channel's
+    mean), ``s``aturation (HSV's S x value, at most 1) and ``h``ue (HSV's H + value of a turn)."""
     if op == "b":
-        return im.point(np.tile(np.clip(levels + round(value * 255), 0, 255).astype(np.uint8), 3).tolist())
-    if op == "c":
-        mean = np.asarray(ImageStat.Stat(im).mean, np.float32)[:, None]
-        return im.point(np.clip((levels - mean) * np.float32(value) + mean + 0.5, 0, 255).astype(np.uint8)
-                        .ravel().tolist())
-    return _saturate(im, value) if op == "s" else _shift_hue(im, value)
+        return x + np.float32(value)
+    if op == "c":  # OpenCV adds a per-channel scalar at numpy's whole-array speed
+        mean = cv2.mean(x)
+        return cv2.add(x * np.float32(value), tuple(m * (1 - value) for m in mean))
+    hsv = cv2.cvtColor(x, cv2.COLOR_RGB2HSV)
+    _hsv_step(hsv, op, value)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
 
 def inception_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
                     fast_mode: bool = False, fused: bool = False) -> np.ndarray:
     """Slim-style inception training preprocessing -> uint8 ``size x size x 3`` (the values in
     [-1, 1] are ``x / 127.5 - 1``: see :func:`to_wire`); ``fused``: the colour distortion as one
-    affine map in YIQ (:func:`colour_map`, an approximation)."""
+    affine map in YIQ (:func:`colour_map`, an approximation). The crop is resized by OpenCV with
+    TensorFlow's kernels (half-pixel centres, no antialiasing; its bicubic is Keys' with a = -0.75
+    where TensorFlow's has -0.5), at the crop's pixel bounds in the decoded image."""
     im = _opened(encoded)
     left, top, w, h = sample_crop(rng, *im.size)
-    method = _METHODS[0] if fast_mode else _METHODS[int(rng.integers(0, len(_METHODS)))]
+    method = 0 if fast_mode else int(rng.integers(0, len(_CV_METHODS)))
     im, box = _drafted(im, (left, top, left + w, top + h), size)
-    im = im.resize((size, size), method, box=box)
+    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    crop = np.asarray(im)[y0:max(y1, y0 + 1), x0:max(x1, x0 + 1)]
+    small = cv2.resize(crop, (size, size), interpolation=_CV_METHODS[method])
     if rng.random() < 0.5:
-        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray((_fused_colour if fused else _colour)(im, rng, fast_mode))
+        small = cv2.flip(small, 1)
+    return np.asarray(_fused_colour(Image.fromarray(small), rng, fast_mode)) if fused else _colour(small, rng, fast_mode)
 
 
 def vgg_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
@@ -363,6 +362,8 @@ def to_wire(name: str, pixels: np.ndarray, wire_dtype: str) -> np.ndarray:
     """A preprocessed image as it travels: float32 in the preprocessing's own range, or uint8
     quantised over that range (:data:`OUTPUT_RANGE`) as the TensorFlow backend quantises it."""
     lo, hi = OUTPUT_RANGE[name]
+    if name == "inception" and wire_dtype == "uint8" and pixels.dtype == np.uint8:
+        return pixels  # x / 127.5 - 1 quantised over [-1, 1] is x itself
     x = pixels.astype(np.float32)
     if name == "inception":
         x = x / np.float32(127.5) - 1
