@@ -3,16 +3,18 @@ stream on the pillow backend, each member's own ``torch.utils.data.DataLoader`` 
 and TensorSocket (one producer, three consumers).
 
     python benchmarks/torch_ways.py [--epochs 2] [--images 512] [--image-size 224] [--repeats 3]
+                                    [--preprocess inception|standard]
 
 Every way trains the same three cheap models (an 8 x 8 average pool, then an MLP of width 32, 64
 or 128: the input pipeline matters, as it does beside a GPU) for ``--epochs`` epochs of the same
-synthetic dataset, batch 32, with the same augmentation (enspipe's pillow ``inception``: random
-crop, flip, colour distortion) and uint8 batches:
+synthetic dataset, batch 32, with the same augmentation (the pillow backend's ``inception``: random
+crop, flip, colour distortion; or ``standard``: torchvision's RandomResizedCrop, flip and
+Normalize) and uint8 batches:
 
 * ``enspipe``: ``mpiexec -n 3``; ``SharedStream(scheme="all_shared", backend="pillow").torch()``:
   each member preprocesses a third of every batch and all-gathers;
 * ``own DataLoader``: ``mpiexec -n 3`` (MPI unused); each member's ``DataLoader`` with its share of
-  the cores as worker processes reads the records and preprocesses every image itself;
+  the cores (C/n, at least 1) as worker processes reads the records and preprocesses every image itself;
 * ``TensorSocket``: ``mpiexec -n 4`` (MPI unused): rank 0 runs one such ``DataLoader`` inside a
   ``TensorProducer`` with all the cores' workers, ranks 1-3 train from ``TensorConsumer`` s.
 
@@ -52,10 +54,11 @@ class Records:
     """A map-style ``torch`` dataset over the manifest's records: each item read by its offset,
     parsed, and augmented as the pillow backend augments it (seeded per epoch and index)."""
 
-    def __init__(self, data: str, size: int, seed: int):
+    def __init__(self, data: str, size: int, seed: int, preprocess: str = "inception"):
         from enspipe.data.build import load_manifest
 
         self.m, self.size, self.seed, self.epoch, self._reader = load_manifest(data), size, seed, 0, None
+        self.preprocess = preprocess
         self.numbers = [(s, r) for s, c in enumerate(self.m.counts) for r in range(c)]
 
     def __len__(self) -> int:
@@ -71,24 +74,28 @@ class Records:
         if self._reader is None:  # one per worker process
             self._reader = RecordReader(self.m, False)
         encoded, label = parse_slim(self._reader.read(*self.numbers[i]))
-        image = pixels.inception_train(encoded, self.size, pixels.generator(self.seed, self.epoch * len(self) + i))
-        return torch.from_numpy(image.copy()), label
+        image = pixels.PREPROCESSING[self.preprocess](encoded, self.size,
+                                                      pixels.generator(self.seed, self.epoch * len(self) + i))
+        return torch.from_numpy(pixels.to_wire(self.preprocess, image, "uint8").copy()), label
 
 
-def _loader(data: str, batch: int, size: int, seed: int, workers: int):
+def _loader(data: str, batch: int, size: int, seed: int, workers: int, preprocess: str):
     import torch
 
-    return torch.utils.data.DataLoader(Records(data, size, seed), batch_size=batch, shuffle=True, drop_last=True,
+    return torch.utils.data.DataLoader(Records(data, size, seed, preprocess), batch_size=batch, shuffle=True, drop_last=True,
                                        num_workers=workers, persistent_workers=workers > 0,
                                        generator=torch.Generator().manual_seed(seed))
 
 
-def _train(batches, net, optimizer) -> int:
+def _train(batches, net, optimizer, preprocess: str) -> int:
     import torch
 
+    from enspipe.data.pixels import OUTPUT_RANGE
+
+    lo, hi = OUTPUT_RANGE[preprocess]
     seen = 0
     for images, labels in batches:
-        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        x = images.permute(0, 3, 1, 2).float() * ((hi - lo) / 255) + lo  # the uint8 wire's values
         loss = torch.nn.functional.cross_entropy(net(x), labels.long())
         optimizer.zero_grad()
         loss.backward()
@@ -115,7 +122,7 @@ def worker(a: argparse.Namespace) -> None:
         import enspipe
 
         stream = enspipe.SharedStream(a.data, a.batch_size, scheme="all_shared", image_size=a.image_size,
-                                      wire_dtype="uint8", backend="pillow")
+                                      wire_dtype="uint8", backend="pillow", preprocess=a.preprocess)
         classes = stream.num_classes
     else:
         from enspipe.data.build import load_manifest
@@ -126,20 +133,20 @@ def worker(a: argparse.Namespace) -> None:
     t0, seen = time.perf_counter(), 0
     if a.way == "enspipe":
         for _ in range(a.epochs):
-            seen += _train(stream.torch(), net, optimizer)
+            seen += _train(stream.torch(), net, optimizer, a.preprocess)
         stream.close()
     elif a.way == "own DataLoader":
-        loader = _loader(a.data, a.batch_size, a.image_size, member, max(1, cores // n))
+        loader = _loader(a.data, a.batch_size, a.image_size, member, max(1, cores // n), a.preprocess)
         for epoch in range(a.epochs):
             loader.dataset.epoch = epoch
-            seen += _train(loader, net, optimizer)
+            seen += _train(loader, net, optimizer, a.preprocess)
         del loader  # its worker processes exit: their CPU is counted as this process's children's
     else:
         from tensorsocket.consumer import TensorConsumer
 
         consumer = TensorConsumer(*PORTS[:2], heart_ports=PORTS[2], batch_size=a.batch_size)
         for _ in range(a.epochs):
-            seen += _train(consumer, net, optimizer)
+            seen += _train(consumer, net, optimizer, a.preprocess)
     _write(a, rank, time.perf_counter() - t0, seen)
 
 
@@ -147,7 +154,8 @@ def _produce(a: argparse.Namespace, comm) -> None:
     """TensorSocket's rank 0: one DataLoader with all the cores' workers inside a TensorProducer."""
     from tensorsocket.producer import TensorProducer
 
-    producer = TensorProducer(_loader(a.data, a.batch_size, a.image_size, 0, os.cpu_count() or 1), *PORTS[:2],
+    producer = TensorProducer(_loader(a.data, a.batch_size, a.image_size, 0, os.cpu_count() or 1, a.preprocess),
+                              *PORTS[:2],
                               heart_ports=PORTS[2], rubber_band_pct=0.5, producer_batch_size=1)
     t0 = time.perf_counter()
     try:
@@ -173,7 +181,7 @@ def way(a: argparse.Namespace, name: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [MPIEXEC, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out,
                "--data", a.data, "--epochs", str(a.epochs), "--image-size", str(a.image_size),
-               "--batch-size", str(a.batch_size)]
+               "--batch-size", str(a.batch_size), "--preprocess", a.preprocess]
         t0 = time.perf_counter()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
@@ -197,6 +205,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=512, help="the synthetic dataset's size")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=900, help="seconds a way may run")
+    ap.add_argument("--preprocess", default="inception", choices=("inception", "standard"),
+                    help="every way's augmentation: Slim's inception, or torchvision's standard transform")
     ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=WAYS, default=None, dest="way", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -209,7 +219,8 @@ def main() -> None:
         got[name][rep] = g = way(a, name)
         print(f"repeat {rep} {name}: {g}", flush=True)
     print(f"\nthree members (pooled MLPs of width {', '.join(map(str, WIDTHS))}), {a.epochs} epochs of {a.images} "
-          f"images, batch {a.batch_size}, {a.image_size} px, uint8, {os.cpu_count()} cores, {a.repeats} repeats, "
+          f"images, batch {a.batch_size}, {a.image_size} px, {a.preprocess}, uint8, {os.cpu_count()} cores, "
+          f"{a.repeats} repeats, own DataLoaders with C/n = {max(1, (os.cpu_count() or 1) // 3)} workers each, "
           "median (min-max)\n")
     print("| way | job wall s | training s | CPU s, all processes | img/s per member | CPU vs enspipe | "
           "wall vs enspipe |\n|---|---|---|---|---|---|---|")

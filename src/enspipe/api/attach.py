@@ -30,6 +30,7 @@ import socket
 
 import numpy as np
 
+from enspipe.api.adapters import StreamAdapters
 from enspipe.plan.errors import ConfigError
 from enspipe.serve import wire
 
@@ -81,7 +82,7 @@ def _digest(data: str) -> str:
     return load_dataset(data).digest
 
 
-class AttachedStream:
+class AttachedStream(StreamAdapters):
     """One consumer's stream from an attach server: the surface of :class:`~enspipe.SharedStream`
     (``for images, labels in stream``, :meth:`next_batch`, :meth:`torch`, :meth:`jax`,
     :meth:`dataset`, :meth:`epochs`, :meth:`close`). Made by :func:`attach`."""
@@ -148,9 +149,6 @@ class AttachedStream:
         """Batches per epoch: ``ceil(num_images / batch_size)`` (the last one may be smaller)."""
         return math.ceil(self.num_images / self.batch_size)
 
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
     @property
     def element_spec(self) -> tuple:
         """``(image shape, image dtype)`` of one preprocessed sample."""
@@ -162,10 +160,6 @@ class AttachedStream:
         images.flags.writeable = meta.flags.writeable = False
         return images, meta[:, 1]
 
-    def __iter__(self):
-        """The rest of this consumer's epoch, as ``(images, labels)``."""
-        return self._batches(writable=False)
-
     def _batches(self, writable: bool):
         while True:
             images, meta, end = self._next()
@@ -175,34 +169,10 @@ class AttachedStream:
             if end:
                 return
 
-    def torch(self, layout: str = "NHWC", device=None):
-        """The rest of this epoch as PyTorch tensors (:class:`~enspipe.api.frameworks.TorchBatches`)."""
-        from enspipe.api.frameworks import TorchBatches
-
-        return TorchBatches(self, layout, device)
-
-    def jax(self, device=None):
-        """The rest of this epoch as ``jax.Array`` s (:class:`~enspipe.api.frameworks.JaxBatches`)."""
-        from enspipe.api.frameworks import JaxBatches
-
-        return JaxBatches(self, device)
-
-    def dataset(self):
-        """The stream as an endless ``tf.data.Dataset`` of ``(images, labels)``: pass
-        ``steps_per_epoch=stream.steps_per_epoch`` to ``model.fit``."""
-        from enspipe.api.frameworks import tf_dataset
-
-        def batches():
-            while not self._closed:
-                images, meta, _ = self._next()
-                yield images, meta[:, 1]
-
-        return tf_dataset(batches, *self.element_spec)  # an epoch's last batch may be smaller
-
-    def epochs(self) -> list[dict]:
-        """The epochs this consumer has completed: per epoch its ``count`` of samples, their
-        order-free ``digest`` and how many are ``missing`` (0: every sample exactly once)."""
-        return self._ledger.completed()
+    def _endless(self):
+        while not self._closed:
+            images, meta, _ = self._next()
+            yield images, meta[:, 1]  # an epoch's last batch may be smaller: no fixed batch dimension
 
     def close(self) -> None:
         """Detach: the server lets go of what this consumer needed."""

@@ -37,6 +37,7 @@ import traceback
 
 import numpy as np
 
+from enspipe.api.adapters import StreamAdapters
 from enspipe.plan.stream import StreamConfig
 
 
@@ -47,7 +48,7 @@ class StreamClosed(RuntimeError):
     """The stream was closed: no more batches."""
 
 
-class SharedStream:
+class SharedStream(StreamAdapters):
     """One member's view of the ensemble's shared stream of preprocessed batches.
 
     ``SharedStream(data, batch_size, **options)``: ``options`` are :class:`StreamConfig`'s
@@ -134,37 +135,6 @@ class SharedStream:
         images, meta = self._next(keep=True)
         return images, meta[:, 3]
 
-    def __iter__(self):
-        """One epoch's batches (``len(self)`` of them), as ``(images, labels)``."""
-        for _ in range(self.steps_per_epoch):
-            yield self.next_batch()
-
-    def torch(self, layout: str = "NHWC", device=None):
-        """One epoch as PyTorch ``(images, labels)`` tensors (:class:`~enspipe.api.frameworks.TorchBatches`):
-        ``layout`` ``NHWC``, ``NCHW`` or ``channels_last``; ``device`` e.g. ``"cuda"``.
-
-        Example::
-
-            for images, labels in stream.torch(layout="channels_last", device="cuda"):
-                ...
-        """
-        from enspipe.api.frameworks import TorchBatches
-
-        return TorchBatches(self, layout, device)
-
-    def jax(self, device=None):
-        """One epoch as ``(images, labels)`` ``jax.Array`` s, copies on ``device``
-        (:class:`~enspipe.api.frameworks.JaxBatches`).
-
-        Example::
-
-            for images, labels in stream.jax():
-                ...
-        """
-        from enspipe.api.frameworks import JaxBatches
-
-        return JaxBatches(self, device)
-
     def _batches(self, writable: bool):
         """One epoch of kept ``(images, labels)``; ``writable``: as writable arrays (views of a
         buffer private to the batch, or a copy where the buffer is read-only)."""
@@ -174,25 +144,17 @@ class SharedStream:
                 images = _writable(images)
             yield images, meta[:, 3]
 
-    def dataset(self):
-        """The stream as an endless ``tf.data.Dataset`` of ``(images, labels)`` batches: pass
-        ``steps_per_epoch=stream.steps_per_epoch`` to ``model.fit``."""
-        from enspipe.api.frameworks import tf_dataset
+    def _endless(self):
+        while True:
+            try:
+                images, meta = self._next(keep=False)  # tf.data copies each batch as it is yielded
+            except StreamClosed:
+                return
+            yield images, meta[:, 3]
 
-        def batches():
-            while True:
-                try:
-                    images, meta = self._next(keep=False)  # tf.data copies each batch as it is yielded
-                except StreamClosed:
-                    return
-                yield images, meta[:, 3]
-
-        return tf_dataset(batches, *self.element_spec, batch=self.config.batch_size)
-
-    def epochs(self) -> list[dict]:
-        """The epochs this member has completed: per epoch its ``count`` of samples, their
-        order-free ``digest`` and how many are ``missing`` (0: every sample exactly once)."""
-        return self._ledger.completed()
+    @property
+    def _dataset_batch(self) -> int:
+        return self.config.batch_size
 
     # -- ending -------------------------------------------------------------------------------
     def close(self) -> None:

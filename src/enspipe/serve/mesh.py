@@ -22,11 +22,10 @@ import time
 
 import numpy as np
 
-from enspipe.data.manifest import DataError
-from enspipe.serve.samples import make_sample
 
 IDLE_WAIT_S = 0.01   # a round with nothing asked waits this long for a consumer's request, doubling
 MAX_IDLE_WAIT_S = 0.1  # up to this while the rounds stay empty (an idle job costs about 1 % of a core)
+CHUNK = 4            # samples per preprocessing task, as the server's
 POLL_S = 0.0005      # ranks meet at a non-blocking barrier, polled: a rank that waits sleeps, not spins
 MAX_POLL_S = 0.004   # the poll's pause doubles from POLL_S up to this while the others are busy
 
@@ -105,18 +104,20 @@ class Mesh:
         self._fill(union, slots_of, made, copies, where)
 
     def _make(self, samples: list, positions: list) -> tuple[np.ndarray, dict]:
-        """This rank's copies (in the order given) and, per sample, ``(id, label, problem)``."""
-        pool, opts, source = self.server.pool, self.server.opts, self.server.source
+        """This rank's copies (in the order given) and, per sample, ``(id, label, problem)``: made
+        in chunks on the server's threads, each with its worker process."""
+        pool, maker = self.server.pool, self.server.maker
         images = np.zeros((len(samples), *pool.shape), pool.dtype)
-
-        def one(i: int):
-            try:
-                images[i], label, sid = make_sample(source, opts, samples[i], positions[i])
-                return samples[i], (sid, label, None)
-            except (DataError, OSError) as e:
-                return samples[i], (-1, -1, str(e))
-
-        return images, dict(self.server.workers.map(one, range(len(samples))))
+        spans = [range(i, min(i + CHUNK, len(samples))) for i in range(0, len(samples), CHUNK)]
+        futures = [self.server.workers.submit(maker.make, [samples[j] for j in r], [positions[j] for j in r])
+                   for r in spans]
+        rows = {}
+        for r, future in zip(spans, futures):
+            made, got = future.result()
+            images[r.start:r.stop] = made
+            for j, (sid, label, problem) in zip(r, got):
+                rows[samples[j]] = (sid, label, None) if problem is None else (-1, -1, problem)
+        return images, rows
 
     def _claim(self, union: list, mine: list) -> dict:
         """The slots here for each sample of the round: those asked for in it, those planned here

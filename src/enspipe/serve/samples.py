@@ -4,7 +4,6 @@ and the pool itself: a file in ``/dev/shm`` that the server and every consumer m
 """
 from __future__ import annotations
 
-import functools
 import mmap
 import os
 import threading
@@ -152,21 +151,56 @@ def reap_dead(say=None, path: str | None = None, wait: float = 0.0) -> list[str]
     return removed
 
 
-def make_sample(source: SampleSource, opts, s: int, position: int) -> tuple[np.ndarray, int, int]:
-    """Sample ``s`` preprocessed with the draws of stream ``position`` by the pillow backend's
-    per-image function (the engine's, :func:`enspipe.engine.backends.pillow.work`): ``(image as it
-    travels, label, id)``; raises :class:`DataError` naming a file that cannot be read or decoded."""
-    encoded, label, sid, key = source.read(s)
-    one, undecodable = _work(opts.preprocess, opts.image_size, opts.fast_mode, opts.wire_dtype, opts.seed)
-    try:
-        image = one(encoded, position, sid, 0)
-    except undecodable as e:
-        raise DataError(f"{key}: undecodable image ({e})") from None
-    return image, label, sid
+class SampleMaker:
+    """Samples read and preprocessed by the pillow backend's per-image function
+    (:func:`enspipe.engine.backends.pillow.work`): each calling thread has a worker process of its
+    own (:mod:`enspipe.engine.workers`) that decodes and augments while the thread waits, so ``k``
+    threads preprocess on ``k`` cores, past the GIL. A sample whose decoder crashes its worker
+    fails alone, as an undecodable one does."""
 
+    def __init__(self, source: SampleSource, opts):
+        from enspipe.data.pixels import output_spec
 
-@functools.lru_cache(maxsize=8)
-def _work(preprocess: str, size: int, fast_mode: bool, wire_dtype: str, seed: int):
-    from enspipe.engine.backends.pillow import work
+        self.source, self.opts = source, opts
+        self.shape, self.dtype = output_spec(opts.preprocess, opts.image_size, opts.wire_dtype)
+        self.kwargs = dict(preprocessing=opts.preprocess, size=opts.image_size, fast_mode=opts.fast_mode,
+                           wire_dtype=opts.wire_dtype, prep_seed=opts.seed, fused=False)
+        self._local = threading.local()
+        self._pools: list = []
+        self._lock = threading.Lock()
 
-    return work(preprocess, size, fast_mode, wire_dtype, seed, fused=False)
+    def _pool(self):
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            from enspipe.engine.workers import WorkerPool
+
+            pool = self._local.pool = WorkerPool(1, "enspipe.engine.backends.pillow:work", self.kwargs, self.shape,
+                                                 self.dtype, skip=True)
+            with self._lock:
+                self._pools.append(pool)
+        return pool
+
+    def make(self, samples: list, positions: list) -> tuple[np.ndarray, list]:
+        """The samples preprocessed with the draws of their stream positions: ``(images, rows)``,
+        a row ``(id, label, problem)`` per sample, ``problem`` None or why it could not be made
+        (its image then undefined)."""
+        rows, encoded = [], []
+        for s in samples:
+            try:
+                data, label, sid, key = self.source.read(s)
+                rows.append([sid, label, None, key])
+            except (DataError, OSError) as e:
+                data = b""
+                rows.append([-1, -1, str(e), None])
+            encoded.append(data)
+        images, failed = self._pool().map(encoded, positions, [r[0] for r in rows], [0] * len(samples))
+        for i, why in failed.items():
+            if rows[i][2] is None:
+                rows[i][2] = f"{rows[i][3]}: undecodable image ({why})"
+        return images, [(sid, label, problem) for sid, label, problem, _ in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = self._pools, []
+        for pool in pools:
+            pool.close()

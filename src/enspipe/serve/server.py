@@ -24,9 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from enspipe.common.atomic import write_json_atomic
-from enspipe.data.manifest import DataError
 from enspipe.serve import wire
-from enspipe.serve.samples import Pool, SampleSource, make_sample
+from enspipe.serve.samples import Pool, SampleMaker, SampleSource
 from enspipe.serve.schedule import Scheduler
 from enspipe.serve.status import Status
 
@@ -54,6 +53,7 @@ class Server:
         self.cond = threading.Condition(self.lock)  # the lock; notified where every waiter should look
         self.wakers: dict[int, threading.Condition] = {}  # a consumer's own, on the same lock
         self.source = SampleSource(manifest)
+        self.maker = SampleMaker(self.source, opts)  # each of the threads below runs a worker process
         self.workers = ThreadPoolExecutor(opts.workers or len(os.sched_getaffinity(0)), thread_name_prefix="enspipe-serve")
         self.positions = itertools.count()
         self.ids = itertools.count()
@@ -144,6 +144,7 @@ class Server:
             self.mesh.wake.set()
             self.mesh.thread.join()
         self.workers.shutdown(wait=True, cancel_futures=True)
+        self.maker.close()
         self.reporter.join()  # its last write done: the final status is the last word
         self._write_status("stopped")
         self.pool.close(unlink=True)
@@ -303,23 +304,25 @@ class Server:
             self.workers.submit(self._make, [(s, slot, next(self.positions)) for s, slot in jobs[i:i + CHUNK]])
 
     def _make(self, chunk: list) -> None:
+        if self.stopping.is_set():
+            return
+        try:
+            images, rows = self.maker.make([s for s, _, _ in chunk], [position for _, _, position in chunk])
+        except BaseException as e:  # noqa: BLE001 - a bug: say it and stop serving rather than hang everyone
+            self.say(f"error: preprocessing samples {[s for s, _, _ in chunk]} failed: {type(e).__name__}: {e}; "
+                     "stopping")
+            self.stopping.set()
+            with self.cond:
+                self._wake_all()
+            return
         done, failed = [], []
-        for s, slot, position in chunk:
-            if self.stopping.is_set():
-                return
-            try:
-                image, label, sid = make_sample(self.source, self.opts, s, position)
-                self.pool.images[slot] = image
-                self.pool.meta[slot] = (sid, label)
-                done.append(slot)
-            except (DataError, OSError) as e:
-                failed.append((slot, str(e)))
-            except BaseException as e:  # noqa: BLE001 - a bug: say it and stop serving rather than hang everyone
-                self.say(f"error: preprocessing sample {s} failed: {type(e).__name__}: {e}; stopping")
-                self.stopping.set()
-                with self.cond:
-                    self._wake_all()
-                return
+        for (_, slot, _), image, (sid, label, problem) in zip(chunk, images, rows):
+            if problem is not None:
+                failed.append((slot, problem))
+                continue
+            self.pool.images[slot] = image
+            self.pool.meta[slot] = (sid, label)
+            done.append(slot)
         with self.cond:
             woken = set()
             for slot in done:

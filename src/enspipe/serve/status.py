@@ -1,7 +1,7 @@
 """What the attach server reports: the consumers attached (their epochs, positions and rates), and
 per window and in total the images preprocessed, the deliveries, the sharing factor (deliveries
 per preprocessed image; its ideal is the number of consumers attached), the images preprocessed
-again (and why), the memory held and the server's CPU (``process_time``, its own nanoseconds; the total's CPU per delivered image counts from the first consumer's attach,
+again (and why), the memory held and the server's CPU (``process_time``, its own nanoseconds and its worker processes'; the total's CPU per delivered image counts from the first consumer's attach,
 leaving out the server's start).
 
 A window is the time between two snapshots; its counts are what happened in it.
@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import time
+
+from enspipe.measure import threadcpu
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -33,7 +35,7 @@ class Status:
 
     def attached(self, cid: int, conn: socket.socket, hello: dict) -> None:
         if self._cpu_first_attach is None:
-            self._cpu_first_attach = time.process_time()
+            self._cpu_first_attach = threadcpu.process_cpu()
         self.connections[cid] = conn
         self.consumers[cid] = {"consumer": cid, "pid": hello.get("pid"), "name": hello.get("name") or f"consumer{cid}",
                                "attached_at": round(time.time() - self.started, 3), "delivered": 0, "_window": 0}
@@ -62,7 +64,7 @@ class Status:
 
     def _counters(self) -> dict:
         return {"time": time.monotonic(), "made": self.sched.made, "given": self.sched.given,
-                "again": dict(self.sched.again), "cpu": time.process_time()}
+                "again": dict(self.sched.again), "cpu": threadcpu.process_cpu()}
 
     def snapshot(self, state: str) -> dict:
         """The status now: the totals, the window since the last snapshot, and the consumers."""
