@@ -14,11 +14,15 @@ the area, one of four resize methods, a flip and four colour distortions in a ra
   here from its published description): fused decode-and-crop of a distorted box, a flip, a
   bilinear resize, channel means subtracted; no colour distortion;
 * the same steps with Pillow and numpy, and with OpenCV;
+* enspipe's ``standard`` on both backends (torchvision's RandomResizedCrop, flip and Normalize),
+  and the same steps with OpenCV;
 * albumentations (RandomResizedCrop, HorizontalFlip, ColorJitter, Normalize) on OpenCV's decode;
 * torchvision's transforms (decode_jpeg, RandomResizedCrop, RandomHorizontalFlip, ColorJitter),
   where torchvision loads (not with this machine's CPU build of torch: the row says why).
 
-A row's CPU is the process's (``process_time``) over a pass of the images after a warm-up pass,
+The second pair of columns runs each Python row on a thread pool of the node's cores in one
+process (the GIL's share included), not on enspipe's engine, whose worker processes
+``benchmarks/scaling.py`` measures. A row's CPU is the process's (``process_time``) over a pass of the images after a warm-up pass,
 the median of the repeats; ``x decode`` divides it by TensorFlow's decode of the whole image alone
 on the same images (libjpeg-turbo, as Pillow's and OpenCV's). A warm cache row fills the cache in
 its warm-up pass (one process: a node of one member).
@@ -36,6 +40,7 @@ from steps import images_of, tf_cpu, tf_iterator
 SLIM = "Slim inception (crop, 4 resize methods, flip, colour x4)"
 CROP_FLIP = "crop, bilinear resize, flip; no colour"
 FUSED = "Slim's draws, colour x4 as one affine map in YIQ (an approximation)"
+STANDARD = "torchvision's standard: RandomResizedCrop, flip, Normalize"
 MEANS = np.array([123.68, 116.78, 103.94], np.float32)
 
 
@@ -129,6 +134,30 @@ def opencv_steps(size: int):
     return fn
 
 
+def opencv_standard(size: int):
+    """torchvision's standard transform's steps with OpenCV: its RandomResizedCrop box
+    (:func:`enspipe.data.pixels.resized_crop_box`), OpenCV's bilinear resize (as albumentations'
+    RandomResizedCrop does it: no antialiasing), a flip, Normalize in float32."""
+    import cv2
+
+    from enspipe.data.pixels import IMAGENET_MEAN, IMAGENET_STD, generator, resized_crop_box
+
+    cv2.setNumThreads(1)
+    scale = (1 / (255 * np.asarray(IMAGENET_STD))).astype(np.float32)
+    shift = (-np.asarray(IMAGENET_MEAN) / np.asarray(IMAGENET_STD)).astype(np.float32)
+
+    def fn(encoded, i):
+        rng = generator(0, i)
+        image = cv2.cvtColor(cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+        left, top, w, h = resized_crop_box(rng, image.shape[1], image.shape[0])
+        image = cv2.resize(image[top:top + h, left:left + w], (size, size), interpolation=cv2.INTER_LINEAR)
+        if rng.random() < 0.5:
+            image = cv2.flip(image, 1)
+        return image.astype(np.float32) * scale + shift
+
+    return fn
+
+
 def albumentations_row(size: int):
     import albumentations as A
     import cv2
@@ -176,7 +205,18 @@ def enspipe_rows(size: int):
              FUSED, False),
             ("enspipe pillow", "py", _pillow(size, None), SLIM + ", Pillow arithmetic", False),
             ("enspipe pillow + warm cache", "py", None, SLIM + ", Pillow arithmetic", True),
-            ("enspipe pillow fused-colour (APPROX.)", "py", _pillow(size, None, fused=True), FUSED, False)]
+            ("enspipe pillow fused-colour (APPROX.)", "py", _pillow(size, None, fused=True), FUSED, False),
+            ("enspipe tf standard", "tf", make_preprocess_fn("standard", size), STANDARD, False),
+            ("enspipe pillow standard", "py", _standard(size), STANDARD + " (Pillow's antialiased resize)", False)]
+
+
+def _standard(size: int):
+    from enspipe.data import pixels as px
+
+    def fn(encoded, i):
+        return px.to_wire("standard", px.standard_train(encoded, size, px.generator(0, i)), "float32")
+
+    return fn
 
 
 def _pillow(size: int, cache, fused: bool = False):
@@ -229,6 +269,7 @@ def measure_set(name: str, a, threads: int) -> None:
         ("Model Garden ResNet (tf)", "tf", model_garden(a.size), CROP_FLIP + "; means subtracted", False),
         ("Pillow + numpy, same steps", "py", pillow_steps(a.size), CROP_FLIP + "; means subtracted", False),
         ("OpenCV, same steps", "py", opencv_steps(a.size), CROP_FLIP + "; means subtracted", False),
+        ("OpenCV, standard's steps", "py", opencv_standard(a.size), STANDARD + " (OpenCV's bilinear resize)", False),
         ("albumentations (OpenCV decode)", "py", albumentations_row(a.size),
          "RandomResizedCrop (bilinear), flip, ColorJitter (x4, one order), Normalize", False)]
     tv, why = torchvision_row(a.size)

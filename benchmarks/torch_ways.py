@@ -82,8 +82,8 @@ class Records:
 def _loader(data: str, batch: int, size: int, seed: int, workers: int, preprocess: str):
     import torch
 
-    return torch.utils.data.DataLoader(Records(data, size, seed, preprocess), batch_size=batch, shuffle=True, drop_last=True,
-                                       num_workers=workers, persistent_workers=workers > 0,
+    return torch.utils.data.DataLoader(Records(data, size, seed, preprocess), batch_size=batch, shuffle=True,
+                                       drop_last=True, num_workers=workers, persistent_workers=workers > 0,
                                        generator=torch.Generator().manual_seed(seed))
 
 

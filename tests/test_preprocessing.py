@@ -39,7 +39,8 @@ def test_the_standard_crop_is_torchvisions_random_resized_crop():
         for left, top, w, h in boxes:
             assert 0 <= left and left + w <= w0 and 0 <= top and top + h <= h0
             fallback = (w, h) in ((w0, min(h0, round(w0 * 4 / 3))), (min(w0, round(h0 * 4 / 3)), h0))
-            assert fallback or (0.08 * w0 * h0 - w - h <= w * h and 3 / 4 - 0.05 <= w / h <= 4 / 3 + 0.05), (w0, h0, w, h)
+            drawn = 0.08 * w0 * h0 - w - h <= w * h and 3 / 4 - 0.05 <= w / h <= 4 / 3 + 0.05
+            assert fallback or drawn, (w0, h0, w, h)
 
 
 def test_the_standard_normalisation_is_torchvisions():

@@ -241,7 +241,9 @@ def inception_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Gen
     small = cv2.resize(crop, (size, size), interpolation=_CV_METHODS[method])
     if rng.random() < 0.5:
         small = cv2.flip(small, 1)
-    return np.asarray(_fused_colour(Image.fromarray(small), rng, fast_mode)) if fused else _colour(small, rng, fast_mode)
+    if fused:
+        return np.asarray(_fused_colour(Image.fromarray(small), rng, fast_mode))
+    return _colour(small, rng, fast_mode)
 
 
 def vgg_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,

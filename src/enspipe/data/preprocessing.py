@@ -229,8 +229,9 @@ def _resized_crop_box(hw: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Ten
     fall_h = tf.where(ratio < 3 / 4, tf.cast(tf.math.round(wf * 4 / 3), tf.int32), hw[0])
     ch, cw = (tf.where(tf.reduce_any(fits), h[i], fall_h), tf.where(tf.reduce_any(fits), w[i], fall_w))
     u = tf.random.stateless_uniform([2], s[2])
-    top = tf.where(tf.reduce_any(fits), tf.cast(u[0] * tf.cast(hw[0] - ch + 1, tf.float32), tf.int32), (hw[0] - ch) // 2)
-    left = tf.where(tf.reduce_any(fits), tf.cast(u[1] * tf.cast(hw[1] - cw + 1, tf.float32), tf.int32), (hw[1] - cw) // 2)
+    drawn = tf.cast(u * tf.cast(tf.stack([hw[0] - ch + 1, hw[1] - cw + 1]), tf.float32), tf.int32)
+    top = tf.where(tf.reduce_any(fits), drawn[0], (hw[0] - ch) // 2)
+    left = tf.where(tf.reduce_any(fits), drawn[1], (hw[1] - cw) // 2)
     return tf.stack([top, left]), tf.stack([ch, cw])
 
 

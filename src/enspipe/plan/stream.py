@@ -161,8 +161,8 @@ class StreamConfig:
                 "own", "leave preprocess_impl at crop-first with a preprocess function")
         if self.backend == "pillow":
             require(not callable(self.preprocess), "preprocess", "a preprocess function takes TensorFlow tensors; "
-                    "the pillow backend runs the built-ins alone", "use preprocess='inception', 'vgg' or 'standard', or install "
-                    "TensorFlow and pass backend='tf'")
+                    "the pillow backend runs the built-ins alone", "use a built-in (preprocess='inception', 'vgg' or "
+                    "'standard'), or install TensorFlow and pass backend='tf'")
             require(self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow build",
                     "use transport='mpi4py' with the pillow backend")
 
