@@ -203,8 +203,8 @@ def enspipe_rows(size: int):
             ("enspipe tf crop-first + warm cache", "tf", None, SLIM, True),
             ("enspipe tf fused-colour (APPROX.)", "tf", make_preprocess_fn("inception", size, False, "fused-colour"),
              FUSED, False),
-            ("enspipe pillow", "py", _pillow(size, None), SLIM + ", Pillow arithmetic", False),
-            ("enspipe pillow + warm cache", "py", None, SLIM + ", Pillow arithmetic", True),
+            ("enspipe pillow", "py", _pillow(size, None), SLIM + ", float32 colour (OpenCV)", False),
+            ("enspipe pillow + warm cache", "py", None, SLIM + ", float32 colour (OpenCV)", True),
             ("enspipe pillow fused-colour (APPROX.)", "py", _pillow(size, None, fused=True), FUSED, False),
             ("enspipe tf standard", "tf", make_preprocess_fn("standard", size), STANDARD, False),
             ("enspipe pillow standard", "py", _standard(size), STANDARD + " (Pillow's antialiased resize)", False)]

@@ -23,7 +23,9 @@ def _jpeg(h: int, w: int, seed: int = 0) -> bytes:
     return b.getvalue()
 
 
-@pytest.mark.parametrize("name, lo, hi", [("inception", -1.0, 1.0), ("vgg", -123.68, 255 - 103.94)])
+@pytest.mark.parametrize("name, lo, hi", [("inception", -1.0, 1.0), ("vgg", -123.68, 255 - 103.94),
+                                          ("standard", -0.485 / 0.229, (1 - 0.406) / 0.225),
+                                          ("standard-jitter", -0.485 / 0.229, (1 - 0.406) / 0.225)])
 def test_a_sample_comes_out_the_same_wherever_it_is_preprocessed(name, lo, hi):
     enc = _jpeg(300, 400)
     a = pixels.PREPROCESSING[name](enc, 64, pixels.generator(7, 12))
