@@ -10,7 +10,8 @@
 #
 # They go into the node's own Python environment (its MPICH's mpiexec beside its python3), and
 # enspipe runs from src/. Each part has its own time limit, so a part that fails or overruns
-# leaves the others' results. Writes $OUT/gpu_rates.json, $OUT/gpu_cells.json, the NVML and
+# leaves the others' results. Writes $OUT/gpu_rates.json, $OUT/scaling.json (one member's pillow
+# engine at 1, 2, 4, ... cores), $OUT/gpu_cells.json, the NVML and
 # nvidia-smi logs and every cell's summary (summaries.tar.gz); the log goes to stdout.
 set -u
 OUT=${OUT:?set OUT to the folder for the results}
@@ -29,6 +30,9 @@ mpiexec -n 2 "$PY" -c "from mpi4py import MPI; c = MPI.COMM_WORLD; r = c.gather(
 timeout "${RATES_SECONDS:-240}" "$PY" benchmarks/gpu_rates.py --out "$OUT/gpu_rates.json" \
   --steps 20 --warmup 5 --repeats 2 --seconds 1.5 ${RATES_ARGS:-}
 echo "gpu_rates: exit $?"
+timeout "${SCALING_SECONDS:-150}" "$PY" benchmarks/scaling.py --backends pillow --preprocess inception,standard \
+  --repeats 1 --images-per-core 256 --json "$OUT/scaling.json" ${SCALING_ARGS:-}
+echo "scaling: exit $?"
 CELLS_OUT=${CELLS_OUT:-/tmp/gpu-cells}  # the cells' folders; what comes back is copied to $OUT
 timeout "${CELLS_SECONDS:-330}" "$PY" benchmarks/gpu_cells.py --out "$CELLS_OUT" --images 512 \
   --steps 30 --warmup 3 --repeats 2 ${CELLS_ARGS:-}

@@ -127,11 +127,11 @@ def main() -> None:
     runs: dict = {case: [] for case in todo}
     for _, case in schedule(todo, a.repeats):
         runs[case].append(run(case[0], case[1], a.size, case[2], a.images_per_core, case[3], cpus))
+        if a.json:  # after every measurement: a time limit keeps what was measured
+            with open(a.json, "w") as f:
+                json.dump([{"backend": b, "preprocess": p, "cores": k, "ceiling": c, "runs": rs}
+                           for (b, p, k, c), rs in runs.items()], f, indent=1)
     report(runs, backends, a, ks, len(cpus))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([{"backend": b, "preprocess": p, "cores": k, "ceiling": c, "runs": rs}
-                       for (b, p, k, c), rs in runs.items()], f, indent=1)
 
 
 def report(runs: dict, backends: list[str], a, ks: list[int], ncpu: int) -> None:

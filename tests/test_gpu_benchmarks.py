@@ -18,11 +18,16 @@ def test_the_gpu_recipe_runs_without_a_gpu_and_labels_its_device(tmp_path):
     env = dict(os.environ, OUT=str(out), TMPDIR=str(tmp_path),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
                RATES_ARGS="--steps 1 --warmup 0 --repeats 1 --batch-scale 0.02 --cores 1 --seconds 0.3 --images 8",
+               SCALING_ARGS="--cores 1 --images-per-core 8 --preprocess inception",
                CELLS_OUT=str(tmp_path / "cells"), CELLS_ARGS="--skip peak --n 2 --cores 1 --repeats 1 --steps 1 "
                                                              "--warmup 0 --images 16 --batch-size 4 --network tiny")
     r = subprocess.run(["bash", "benchmarks/gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "mpi ranks [0, 1] of 2" in r.stdout and "gpu_rates: exit 0" in r.stdout and "gpu_cells: exit 0" in r.stdout
+    assert "scaling: exit 0" in r.stdout
+    scaling = json.loads((out / "scaling.json").read_text())
+    assert [(row["backend"], row["cores"]) for row in scaling] == [("pillow", 1)]
+    assert scaling[0]["runs"][0]["images"] > 0 and scaling[0]["runs"][0]["cpu"] > 0
     rates = json.loads((out / "gpu_rates.json").read_text())
     enspipe_rc = [row for row in rates["rc"] if row["implementation"] == "enspipe torch.nn"]
     assert {row["network"] for row in enspipe_rc} == {"alexnet_v2", "inception_v1", "vgg_a"}

@@ -21,7 +21,7 @@ from enspipe.plan.concerns import (CONCERNS, FaultOptions, GradientOptions, Meas
 from enspipe.plan.errors import ConfigError, require as _require
 from enspipe.plan.options import network_problem, option, positive_int, unwritable
 from enspipe.plan.schemes import AUTO
-from enspipe.plan.stream import decode_cache_problem, tensorflow_installed
+from enspipe.plan.stream import BACKENDS, decode_cache_problem, tensorflow_installed
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,8 @@ class RunConfig:
         """TensorFlow, Horovod and mpstat, where the options ask for them."""
         if not tensorflow_installed():
             needs = [(name, what) for name, what, yes in (
-                ("backend", "--backend tf", self.preprocess.backend == "tf"),
+                ("backend", f"--backend {self.preprocess.backend}",
+                 self.preprocess.backend in BACKENDS and BACKENDS[self.preprocess.backend].needs_tensorflow),
                 ("trainer", "the Keras train consumer", self.trainer == "keras"),
                 ("scheme", "the tf.data service", service_scheme(self.stream.scheme)),
                 ("transport", "Horovod", self.stream.transport == "horovod")) if yes]
@@ -221,12 +222,13 @@ class RunConfig:
         _require(not (self.preprocess.decode_cache and service_scheme(self.stream.scheme)), "decode_cache", "the tf.data "
                  "service's workers decode in their own graph, without enspipe's cache", "leave --decode-cache out "
                  "for --scheme tfdata_service")
-        _require(self.preprocess.preprocess_impl != "reference" or self.backend == "tf", "preprocess_impl", "reference is "
-                 "Slim's TensorFlow functions as written; the pillow backend has one implementation",
-                 "leave --preprocess-impl out, or run --backend tf")
-        _require(not (service_scheme(self.stream.scheme) and self.backend == "pillow"), "backend", "the tf.data service "
-                 "runs TensorFlow's preprocessing graph in its workers", "leave --backend out (tf) for "
-                 "--scheme tfdata_service")
+        spec = BACKENDS[self.backend]
+        _require(self.preprocess.preprocess_impl in spec.implementations, "preprocess_impl", f"the {self.backend} "
+                 f"backend runs {', '.join(spec.implementations)}, not {self.preprocess.preprocess_impl} (reference is "
+                 "Slim's TensorFlow functions as written)", "leave --preprocess-impl out, or run --backend tf")
+        _require(spec.tfdata_service or not service_scheme(self.stream.scheme), "backend", "the tf.data service runs "
+                 "TensorFlow's preprocessing graph in its workers", "leave --backend out (tf) for --scheme "
+                 "tfdata_service")
         if self.stream.transport == "horovod":
             import importlib.util
 

@@ -17,14 +17,31 @@ from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 # enspipe.data.preprocessing.PREPROCESSING's names, and enspipe.data.pixels.PREPROCESSING's
 BUILTIN_PREPROCESSING = ("inception", "vgg", "standard", "standard-jitter")
 TRANSPORTS = ("mpi4py", "horovod")
-# preprocessing backends: TensorFlow's (tf.data, Slim's ops) and Pillow's with numpy (no TensorFlow);
-# "auto" is tf where TensorFlow is installed, else pillow
-BACKENDS = ("tf", "pillow")
 WIRE_DTYPES = ("float32", "uint8")
 # the built-ins' implementations (enspipe.data.preprocessing.IMPLEMENTATIONS): crop-first (inception's crop
 # window decoded alone) and reference (Slim's functions as written), the same values; fused-colour (crop-first
 # with the colour distortion as one affine map in YIQ): an approximation
 IMPLEMENTATIONS = ("crop-first", "reference", "fused-colour")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What a preprocessing backend can do, for the checks made before any work (its engine is
+    the module of the same name in :mod:`enspipe.engine.backends`)."""
+
+    needs_tensorflow: bool
+    user_functions: bool         # runs a preprocess function fn(image, seed) of TensorFlow tensors
+    implementations: tuple       # the --preprocess-impl values it runs
+    horovod: bool                # Horovod's transport (its TensorFlow build) may carry its batches
+    tfdata_service: bool         # its preprocessing is the graph the tf.data service's workers run
+
+
+# tf.data and Slim's TensorFlow ops; Pillow, OpenCV and numpy (no TensorFlow). "auto" is tf where
+# TensorFlow is installed, else pillow.
+BACKENDS = {"tf": BackendSpec(needs_tensorflow=True, user_functions=True, implementations=IMPLEMENTATIONS,
+                              horovod=True, tfdata_service=True),
+            "pillow": BackendSpec(needs_tensorflow=False, user_functions=False,
+                                  implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False)}
 APPROXIMATIONS = ("fused-colour",)
 MALLOC_POLICIES = ("keep", "system")
 LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
@@ -148,23 +165,23 @@ class StreamConfig:
         has_tf = tensorflow_installed()
         if self.backend == "auto":
             object.__setattr__(self, "backend", "tf" if has_tf else "pillow")
-        require(self.backend != "tf" or has_tf, "backend", "TensorFlow is not installed here",
+        spec = BACKENDS[self.backend]
+        require(not spec.needs_tensorflow or has_tf, "backend", "TensorFlow is not installed here",
                 "pip install tensorflow-cpu, or pass backend='pillow' (no TensorFlow)")
         require(self.preprocess_impl in IMPLEMENTATIONS, "preprocess_impl", f"unknown preprocessing implementation "
                 f"{self.preprocess_impl!r}", f"choose one of {', '.join(IMPLEMENTATIONS)}")
         if self.preprocess_impl == "reference":
-            require(self.backend == "tf" and not callable(self.preprocess), "preprocess_impl", "reference is Slim's "
-                    "TensorFlow functions as written, for the tf backend's built-ins", "leave preprocess_impl at "
-                    "crop-first (a user's function and the pillow backend have one implementation)")
+            require(self.preprocess_impl in spec.implementations and not callable(self.preprocess), "preprocess_impl",
+                    "reference is Slim's TensorFlow functions as written, for the tf backend's built-ins", "leave "
+                    "preprocess_impl at crop-first (a user's function and the pillow backend have one implementation)")
         require(self.preprocess_impl not in APPROXIMATIONS or not callable(self.preprocess), "preprocess_impl",
                 f"{self.preprocess_impl} approximates a built-in's colour distortion; a preprocess function has its "
                 "own", "leave preprocess_impl at crop-first with a preprocess function")
-        if self.backend == "pillow":
-            require(not callable(self.preprocess), "preprocess", "a preprocess function takes TensorFlow tensors; "
-                    "the pillow backend runs the built-ins alone", "use a built-in (preprocess='inception', 'vgg' or "
-                    "'standard'), or install TensorFlow and pass backend='tf'")
-            require(self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow build",
-                    "use transport='mpi4py' with the pillow backend")
+        require(spec.user_functions or not callable(self.preprocess), "preprocess", "a preprocess function takes "
+                f"TensorFlow tensors; the {self.backend} backend runs the built-ins alone", "use a built-in "
+                "(preprocess='inception', 'vgg' or 'standard'), or install TensorFlow and pass backend='tf'")
+        require(spec.horovod or self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow "
+                "build", f"use transport='mpi4py' with the {self.backend} backend")
 
     @property
     def user_preprocess(self) -> bool:
