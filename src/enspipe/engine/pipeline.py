@@ -43,6 +43,7 @@ from enspipe.measure.threadcpu import set_thread_name
 from enspipe.common import keys
 from enspipe.engine.backends import backend as backend_module
 from enspipe.engine.backends.base import PrepSpec, Stopped
+from enspipe.plan.stream import BACKENDS
 
 if TYPE_CHECKING:
     from enspipe.data.preprocessing import UserPreprocess
@@ -89,7 +90,7 @@ class Pipeline:
         self.sample_interval, self.events, self.backend, self.impl = sample_interval, events, backend, impl
         self.cache = cache  # a DecodeCache, or None
         self.backend_module = backend_module(backend)
-        if self.backend_module.NEEDS_TENSORFLOW:  # here, not first in a stage thread: two importing at once deadlock
+        if BACKENDS[backend].needs_tensorflow:  # here, not first in a stage thread: two importing at once deadlock
             import tensorflow  # noqa: F401
         self.image_shape, self.image_dtype = output_spec(preprocessing, image_size, wire_dtype)
         self.share = engine.scheme.share(rank, batch)

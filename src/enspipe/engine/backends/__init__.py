@@ -1,9 +1,10 @@
 """The preprocessing backends, by name: one module each (see :mod:`enspipe.engine.backends.base`
-for what a module provides). Adding a backend is one module and one line here; the names users
-may pass are :data:`enspipe.plan.stream.BACKENDS`, which a test holds equal to these.
+for what a module provides). Adding a backend is one module, one line here, and its capabilities
+(a :class:`~enspipe.plan.stream.BackendSpec`) in :data:`enspipe.plan.stream.BACKENDS`, whose
+names a test holds equal to these.
 
 * ``tf``: tf.data and Slim's TensorFlow preprocessing (:mod:`enspipe.engine.backends.tf`);
-* ``pillow``: Pillow and numpy, no TensorFlow, on worker processes that write into shared
+* ``pillow``: Pillow, OpenCV and numpy, no TensorFlow, on worker processes that write into shared
   memory, one per core of the member (:mod:`enspipe.engine.backends.pillow`).
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What every preprocessing backend shares: the spec of one member's preprocess stage, the
 stages' stop signal, and the engine protocol.
 
-A backend module (one per backend, registered in :mod:`enspipe.engine.backends`) provides:
+A backend module (one per backend, registered in :mod:`enspipe.engine.backends`; what it can do
+is its :class:`~enspipe.plan.stream.BackendSpec`, checked before any work) provides:
 
-* ``NEEDS_TENSORFLOW``: whether the pipeline must import TensorFlow before its stages start;
 * ``slices(spec)``: this member's share of each unit of global batches, read and parsed (numpy
   dicts of ``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``; nothing decoded);
 * ``engine(spec)``: the preprocess engine, whose ``run(take)`` takes ``take()`` (the next slice;

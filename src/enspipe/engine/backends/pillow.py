@@ -17,9 +17,6 @@ from enspipe.data.manifest import DataError
 from enspipe.engine.backends.base import PrepSpec, meta_rows, undecodable
 from enspipe.measure.threadcpu import set_thread_name
 
-NEEDS_TENSORFLOW = False
-
-
 def slices(spec: PrepSpec):
     from enspipe.data.order import NumpyOrder, read_share
     from enspipe.data.parse import resolve

@@ -15,9 +15,6 @@ from enspipe.engine.backends.base import PrepSpec, Stopped
 if TYPE_CHECKING:
     from enspipe.data.preprocessing import UserPreprocess
 
-NEEDS_TENSORFLOW = True
-
-
 def slices(spec: PrepSpec):
     from enspipe.data.shards import read_slices
 
