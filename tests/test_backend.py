@@ -87,6 +87,23 @@ def test_colour_steps_keep_hsv_as_colorsys_defines_it(delta, factor):
         assert np.abs(s_got - np.round(np.array(colorsys.hsv_to_rgb(h, min(1, s * factor), v)) * 255)).max() <= 1
 
 
+def test_opencv_decodes_a_complete_jpeg_as_pillow_does_and_leaves_a_truncated_one_to_pillow():
+    """A complete JPEG's pixels by OpenCV are Pillow's (both libjpeg-turbo) to within 1 of 255,
+    at full and DCT scale; a JPEG cut short goes to Pillow, which names it undecodable."""
+    from enspipe.data import decoding
+
+    enc = _jpeg(300, 400, 3)
+    for size, scale in ((200, 1), (64, 4)):
+        got, box = decoding.decoded_box(enc, decoding.open_image(enc), (0, 0, 400, 300), size)
+        want, want_box = decoding.drafted(decoding.open_image(enc), (0, 0, 400, 300), size)
+        assert got.shape == np.asarray(want).shape == (300 // scale, 400 // scale, 3) and box == want_box
+        assert np.abs(got.astype(int) - np.asarray(want).astype(int)).max() <= 1
+    cut = enc[:len(enc) // 2]
+    assert not decoding._complete_jpeg(cut) and decoding._complete_jpeg(enc)
+    with pytest.raises(pixels.Undecodable):
+        decoding.decoded_box(cut, decoding.open_image(cut), (0, 0, 400, 300), 200)
+
+
 def test_a_jpeg_is_decoded_at_the_scale_its_crop_needs():
     big = Image.open(io.BytesIO(_jpeg(800, 1200)))
     im, box = pixels._drafted(big, (0, 0, 1200, 800), 128)

@@ -33,12 +33,14 @@ different generators, so their images for one sample differ.
 """
 from __future__ import annotations
 
-import io
 import math
 
 import cv2
 import numpy as np
 from PIL import Image, ImageEnhance, ImageStat
+
+from enspipe.data.decoding import Undecodable, decode, decoded_box, open_image  # noqa: F401 - the backend's API
+from enspipe.data.decoding import drafted as _drafted, opened as _opened, rgb as _rgb  # noqa: F401
 
 cv2.setNumThreads(0)  # one image per thread or worker process: OpenCV's own pool would only contend
 
@@ -52,44 +54,9 @@ _CV_METHODS = (cv2.INTER_LINEAR, cv2.INTER_NEAREST, cv2.INTER_CUBIC, cv2.INTER_A
 _MASK64 = 2**64 - 1
 
 
-class Undecodable(ValueError):
-    """An image Pillow cannot decode."""
-
-
 def generator(seed: int, position: int) -> np.random.Generator:
     """The generator of one sample's draws: Philox keyed by ``(seed, position)``."""
     return np.random.Generator(np.random.Philox(key=[int(seed) & _MASK64, int(position) & _MASK64]))
-
-
-def open_image(encoded: bytes) -> Image.Image:
-    """The image's header read (nothing decoded yet); raises :class:`Undecodable`."""
-    try:
-        return Image.open(io.BytesIO(encoded))
-    except Exception as e:  # noqa: BLE001 - Pillow's errors vary by format
-        raise Undecodable(f"{type(e).__name__}: {e}") from None
-
-
-def _opened(source: "bytes | np.ndarray") -> Image.Image:
-    """An encoded image's header read (nothing decoded yet), or a decoded ``H x W x 3`` array (the
-    decode cache's) as an image: the preprocessings take either."""
-    return Image.fromarray(source) if isinstance(source, np.ndarray) else open_image(source)
-
-
-def decode(encoded: bytes) -> np.ndarray:
-    """The whole image, uint8 ``H x W x 3`` (the first frame of an animation)."""
-    return np.asarray(_rgb(open_image(encoded)))
-
-
-def _rgb(im: Image.Image) -> Image.Image:
-    """The image decoded, as 8-bit RGB; 16-bit grey scaled down (its top 8 bits, as TensorFlow's
-    decoder does; Pillow's own conversion would clip it)."""
-    try:
-        im.load()
-        if im.mode == "I" or im.mode.startswith("I;16"):
-            im = Image.fromarray((np.asarray(im).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")
-        return im if im.mode == "RGB" else im.convert("RGB")
-    except Exception as e:  # noqa: BLE001 - a truncated or damaged image
-        raise Undecodable(f"{type(e).__name__}: {e}") from None
 
 
 def sample_crop(rng: np.random.Generator, width: int, height: int) -> tuple[int, int, int, int]:
@@ -103,23 +70,6 @@ def sample_crop(rng: np.random.Generator, width: int, height: int) -> tuple[int,
         if 0 < w <= width and 0 < h <= height and w * h >= 0.1 * area:
             return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h
     return 0, 0, width, height
-
-
-def _drafted(im: Image.Image, box: tuple[float, float, float, float], size: int) -> tuple[Image.Image, tuple]:
-    """A JPEG decoded at the smallest DCT scale (1, 1/2, 1/4, 1/8) at which ``box`` still holds
-    ``size`` pixels each way; the box in the decoded image's pixels."""
-    if im.format != "JPEG":
-        return _rgb(im), box
-    w0, h0 = im.size
-    bw, bh = box[2] - box[0], box[3] - box[1]
-    scale = 1
-    while scale < 8 and bw / (scale * 2) >= size and bh / (scale * 2) >= size:
-        scale *= 2
-    if scale > 1:
-        im.draft("RGB", (math.ceil(w0 / scale), math.ceil(h0 / scale)))
-    im = _rgb(im)
-    fx, fy = im.size[0] / w0, im.size[1] / h0
-    return im, (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
 
 
 # RGB -> YIQ (NTSC), and its inverse: the colour space of the fused colour distortion
@@ -225,22 +175,32 @@ def colour_op(x: np.ndarray, op: str, value: float) -> np.ndarray:
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
 
+def _resized(source: "bytes | np.ndarray", im: Image.Image, box: tuple, size: int, method: int | None) -> np.ndarray:
+    """The ``box`` of the image (``im``: its header) decoded at the DCT scale it allows and resized
+    to ``size``: by OpenCV's ``method`` at the box's pixel bounds (TensorFlow's kernels: half-pixel
+    centres, no antialiasing), or, ``None``, by Pillow's antialiased bilinear at its exact bounds
+    (torchvision's, on PIL images)."""
+    pixels, box = decoded_box(source, im, box, size)
+    if method is None:
+        return np.asarray(Image.fromarray(pixels).resize((size, size), Image.Resampling.BILINEAR, box=box))
+    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    return cv2.resize(pixels[y0:max(y1, y0 + 1), x0:max(x1, x0 + 1)], (size, size), interpolation=method)
+
+
+def _flipped(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return cv2.flip(pixels, 1) if rng.random() < 0.5 else pixels
+
+
 def inception_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
                     fast_mode: bool = False, fused: bool = False) -> np.ndarray:
     """Slim-style inception training preprocessing -> uint8 ``size x size x 3`` (the values in
     [-1, 1] are ``x / 127.5 - 1``: see :func:`to_wire`); ``fused``: the colour distortion as one
     affine map in YIQ (:func:`colour_map`, an approximation). The crop is resized by OpenCV with
-    TensorFlow's kernels (half-pixel centres, no antialiasing; its bicubic is Keys' with a = -0.75
-    where TensorFlow's has -0.5), at the crop's pixel bounds in the decoded image."""
+    TensorFlow's kernels (its bicubic is Keys' with a = -0.75 where TensorFlow's has -0.5)."""
     im = _opened(encoded)
     left, top, w, h = sample_crop(rng, *im.size)
     method = 0 if fast_mode else int(rng.integers(0, len(_CV_METHODS)))
-    im, box = _drafted(im, (left, top, left + w, top + h), size)
-    x0, y0, x1, y1 = (int(round(v)) for v in box)
-    crop = np.asarray(im)[y0:max(y1, y0 + 1), x0:max(x1, x0 + 1)]
-    small = cv2.resize(crop, (size, size), interpolation=_CV_METHODS[method])
-    if rng.random() < 0.5:
-        small = cv2.flip(small, 1)
+    small = _flipped(_resized(encoded, im, (left, top, left + w, top + h), size, _CV_METHODS[method]), rng)
     if fused:
         return np.asarray(_fused_colour(Image.fromarray(small), rng, fast_mode))
     return _colour(small, rng, fast_mode)
@@ -249,7 +209,8 @@ def inception_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Gen
 def vgg_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
               fast_mode: bool = False) -> np.ndarray:
     """Slim-style VGG training preprocessing -> uint8 ``size x size x 3`` before the means are
-    subtracted (see :func:`to_wire`)."""
+    subtracted (see :func:`to_wire`): the random crop of the image resized to a random side, cut
+    from the source and resized once (bilinear, TensorFlow's kernel)."""
     del fast_mode  # Slim's vgg preprocessing has no fast mode
     im = _opened(encoded)
     w0, h0 = im.size
@@ -258,11 +219,7 @@ def vgg_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator
     nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))
     left, top = int(rng.integers(0, nw - size + 1)), int(rng.integers(0, nh - size + 1))
     box = (left * w0 / nw, top * h0 / nh, (left + size) * w0 / nw, (top + size) * h0 / nh)
-    im, box = _drafted(im, box, size)
-    im = im.resize((size, size), Image.Resampling.BILINEAR, box=box)
-    if rng.random() < 0.5:
-        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray(im)
+    return _flipped(_resized(encoded, im, box, size, cv2.INTER_LINEAR), rng)
 
 
 def inception_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
@@ -270,8 +227,7 @@ def inception_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
     im = _opened(encoded)
     w0, h0 = im.size
     dw, dh = w0 * 0.0625, h0 * 0.0625
-    im, box = _drafted(im, (dw, dh, w0 - dw, h0 - dh), size)
-    return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
+    return _resized(encoded, im, (dw, dh, w0 - dw, h0 - dh), size, cv2.INTER_LINEAR)
 
 
 def vgg_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
@@ -283,8 +239,7 @@ def vgg_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
     nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))
     left, top = (nw - size) // 2, (nh - size) // 2
     box = (left * w0 / nw, top * h0 / nh, (left + size) * w0 / nw, (top + size) * h0 / nh)
-    im, box = _drafted(im, box, size)
-    return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
+    return _resized(encoded, im, box, size, cv2.INTER_LINEAR)
 
 
 def resized_crop_box(rng: np.random.Generator, width: int, height: int) -> tuple[int, int, int, int]:
@@ -325,11 +280,8 @@ def standard_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Gene
     del fast_mode  # torchvision's transform has no fast mode
     im = _opened(encoded)
     left, top, w, h = resized_crop_box(rng, *im.size)
-    im, box = _drafted(im, (left, top, left + w, top + h), size)
-    im = im.resize((size, size), Image.Resampling.BILINEAR, box=box)
-    if rng.random() < 0.5:
-        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray(_jitter(im, rng) if jitter else im)
+    small = _flipped(_resized(encoded, im, (left, top, left + w, top + h), size, None), rng)
+    return np.asarray(_jitter(Image.fromarray(small), rng)) if jitter else small
 
 
 def standard_jitter_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator,
@@ -346,8 +298,7 @@ def standard_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:
     nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))
     left, top = (nw - size) // 2, (nh - size) // 2
     box = (left * w0 / nw, top * h0 / nh, (left + size) * w0 / nw, (top + size) * h0 / nh)
-    im, box = _drafted(im, box, size)
-    return np.asarray(im.resize((size, size), Image.Resampling.BILINEAR, box=box))
+    return _resized(encoded, im, box, size, None)
 
 
 PREPROCESSING = {"inception": inception_train, "vgg": vgg_train, "standard": standard_train,
