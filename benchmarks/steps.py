@@ -171,9 +171,10 @@ def profile_pillow(encoded, size: int, repeats: int) -> list[tuple[str, float]]:
             rng = px.generator(0, i)
             im = timed("open + bounding box", px.open_image, e)
             left, top, w, h = timed("open + bounding box", px.sample_crop, rng, *im.size)
-            im, box = timed("decode (DCT-scaled draft)", px._drafted, im, (left, top, left + w, top + h), size)
+            pixels, box = timed("decode (DCT-scaled) + crop", px.decoded_box, e, im, (left, top, left + w, top + h),
+                                size)
             x0, y0, x1, y1 = (int(round(v)) for v in box)
-            crop = timed("array of the crop", lambda: np.asarray(im)[y0:max(y1, y0 + 1), x0:max(x1, x0 + 1)])
+            crop = pixels[y0:max(y1, y0 + 1), x0:max(x1, x0 + 1)]
             for name, method in zip(names, px._CV_METHODS):
                 small = timed(f"  resize {name}", lambda m=method: px.cv2.resize(crop, (size, size), interpolation=m))
             small = timed("flip", px.cv2.flip, small, 1)
