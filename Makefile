@@ -67,12 +67,12 @@ horovod:
 	bash .ci/horovod-venv
 
 # Without TensorFlow: .venv-notf (enspipe with its torch and jax extras; no TensorFlow) runs the
-# pillow backend's, the torch and JAX handoff's, the attach server's and the examples' tests. CI runs it after
+# pillow backend's and its engine's, the torch and JAX handoff's, the attach server's and the examples' tests. CI runs it after
 # test-all.
 test-notf:
 	bash .ci/notf-venv
 	.venv-notf/bin/pytest -m "not workflow" tests/test_backend.py tests/test_frameworks.py tests/test_keys.py \
-	  tests/test_serve.py tests/test_serve_schedule.py tests/test_serve_mesh.py tests/test_gpu_benchmarks.py
+	  tests/test_serve.py tests/test_serve_schedule.py tests/test_serve_mesh.py tests/test_gpu_benchmarks.py tests/test_engine.py
 	.venv-notf/bin/pytest tests/test_decode_cache.py -k "not tf and not cached_pixels and not users_preprocess"
 
 test-horovod: horovod

@@ -163,18 +163,17 @@ class WorkerPool:
         return images.copy(), failed
 
     def _run(self, rows: np.ndarray) -> dict[int, str]:
-        todo = deque(np.array_split(rows, -(-len(rows) // CHUNK))) if len(rows) else deque()
+        """The rows' images made, in chunks small enough that every worker gets some (at most
+        :data:`CHUNK` images), handed out one per worker in turn, each holding up to
+        :data:`IN_FLIGHT`; returns the failed images' reasons."""
+        size = max(1, min(CHUNK, -(-len(rows) // (IN_FLIGHT * len(self.workers)))))
+        todo = deque(np.array_split(rows, -(-len(rows) // size))) if len(rows) else deque()
         failed: dict[int, str] = {}
         while todo or any(w.held for w in self.workers):
-            for w in list(self.workers):
-                while todo and len(w.held) < IN_FLIGHT:
-                    chunk = todo.popleft()
-                    w.held.append(chunk)
-                    try:
-                        w.sock.send(chunk.tobytes())
-                    except OSError:  # it died since its last answer
-                        self._died(w, todo, failed)
-                        break
+            for depth in range(IN_FLIGHT):
+                for i in range(len(self.workers)):  # by index: a worker that died is replaced in place
+                    if todo and len(self.workers[i].held) <= depth:
+                        self._send(self.workers[i], todo, failed)
             for key, _ in self.sel.select(timeout=1.0):
                 w = key.data
                 try:
@@ -186,6 +185,16 @@ class WorkerPool:
                 else:
                     self._died(w, todo, failed)
         return failed
+
+    def _send(self, w: _Worker, todo: deque, failed: dict[int, str]) -> None:
+        chunk = todo.popleft()
+        try:
+            w.sock.send(chunk.tobytes())
+        except OSError:  # it died since its last answer: the chunk it never had goes back
+            todo.appendleft(chunk)
+            self._died(w, todo, failed)
+            return
+        w.held.append(chunk)
 
     @staticmethod
     def _done(chunk: np.ndarray, reply: bytes, failed: dict[int, str]) -> None:
@@ -204,6 +213,7 @@ class WorkerPool:
         w.close()
         how, pid = describe_exit(w.proc.returncode), w.proc.pid
         working, waiting = (w.held[0] if w.held else None), list(w.held)[1:]
+        w.held.clear()
         self._replace(w)
         if not self.skip or working is None:
             slots = [int(r[0]) for c in ([working] if working is not None else []) for r in c]

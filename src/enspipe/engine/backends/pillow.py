@@ -84,7 +84,10 @@ class PillowEngine:
             try:
                 return self.workers.map(*args)
             except WorkerDied as e:
-                held = ", ".join(item["key"][i].decode() for i in e.args[1]) or "nothing"
+                if not e.args[1]:
+                    raise DataError(f"{e.args[0]} while it held no image (out of memory, or a signal from outside "
+                                    "the job?)") from None
+                held = ", ".join(item["key"][i].decode() for i in e.args[1])
                 raise DataError(f"{e.args[0]} while preprocessing {held}; pass --on-corrupt skip to skip and count "
                                 "an image that crashes the decoder") from None
         out = list(self.pool.map(self._guarded, *args)) if self.pool else [self._guarded(*a) for a in zip(*args)]
