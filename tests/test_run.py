@@ -128,6 +128,8 @@ def test_stage_breakdown_adds_up_to_the_process_cpu():
     assert sum(v["cpu_seconds"] for v in st.values()) == pytest.approx(1.0)
     per = mean_per_image([{"images": 10, "stages": st}, {"images": 20, "stages": st}])
     assert per["preprocess"]["cpu"] == pytest.approx((0.06 + 0.03) / 2)
+    workers = breakdown(before, clock.snapshot(), {"enspipe-preproc": 0.1, "enspipe-worker": 1.5}, exchange, 2.0)
+    assert workers["preprocess"]["cpu_seconds"] == pytest.approx(1.6)  # the pillow backend's worker processes
     with pytest.raises(KeyError, match="unknown stage"):
         clock.add("decode", 1.0)
 

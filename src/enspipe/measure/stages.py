@@ -7,7 +7,8 @@ Python's garbage collector):
 
 =============  =============================================================================
 read           the read stage's thread and its tf.data pool: TFRecord I/O, shuffling, parsing
-preprocess     the preprocess stage's thread and its tf.data pool: JPEG decode and augmentation
+preprocess     the preprocess stage's thread and its tf.data pool, or the pillow backend's threads
+               and worker processes: JPEG decode and augmentation
 copy_in        copying this member's block into the exchange (the node-shared slot, or the
                receive buffer where its own block is part of what it receives)
 collective     the rest of the exchange: waiting for peers in barriers and MPI collectives and
@@ -34,7 +35,10 @@ import time
 from contextlib import contextmanager
 
 STAGES = ("read", "preprocess", "copy_in", "collective", "hand_off", "consume", "other")
-THREAD_GROUPS = {"read": "enspipe-read", "preprocess": "enspipe-preproc"}  # stage -> thread group
+# stage -> its thread groups: the stage's thread (tf.data's pool threads take its name), the pillow
+# backend's threads and its worker processes' (enspipe.engine.workers; their CPU is the member's)
+THREAD_GROUPS = {"read": ("enspipe-read",),
+                 "preprocess": ("enspipe-preproc", "enspipe-pillow", "enspipe-worker")}
 
 
 class StageClock:
@@ -80,8 +84,8 @@ def breakdown(before: dict[str, tuple[float, float]], after: dict[str, tuple[flo
 
     copy = (exchange.get("copy_seconds", 0.0), exchange.get("copy_cpu_seconds", 0.0))
     walls_cpus = {
-        "read": (clock("read")[0], thread_cpu.get(THREAD_GROUPS["read"], 0.0)),
-        "preprocess": (clock("preprocess")[0], thread_cpu.get(THREAD_GROUPS["preprocess"], 0.0)),
+        "read": (clock("read")[0], sum(thread_cpu.get(g, 0.0) for g in THREAD_GROUPS["read"])),
+        "preprocess": (clock("preprocess")[0], sum(thread_cpu.get(g, 0.0) for g in THREAD_GROUPS["preprocess"])),
         "copy_in": copy,
         "collective": (exchange.get("collective_seconds", 0.0) - copy[0],
                        exchange.get("collective_cpu_seconds", 0.0) - copy[1]),
