@@ -128,7 +128,7 @@ class Look(NamedTuple):
 def injected_fault(rank: int) -> tuple[int, str] | None:
     """Fault injection for the fault-tolerance tests: ``ENSPIPE_INJECT_FAULT=rank:step:raise|kill|crash|stall``
     (crash: a segmentation fault, as native code dies; stall: a straggler, its consumer stopped for
-    2 s while its producers run on)."""
+    2 s while its producers run on; ``stall=S``: for S seconds)."""
     spec = os.environ.get("ENSPIPE_INJECT_FAULT")
     if not spec:
         return None
@@ -137,8 +137,8 @@ def injected_fault(rank: int) -> tuple[int, str] | None:
 
 
 def inject(kind: str, step: int) -> None:
-    if kind == "stall":
-        time.sleep(2.0)
+    if kind.startswith("stall"):
+        time.sleep(float(kind.partition("=")[2] or 2.0))
         return
     if kind == "kill":
         import signal
