@@ -109,6 +109,21 @@ def bad_jpeg_dataset(tmp_path_factory):
 NOISE = ("oneDNN custom operations are on", "All log messages before absl::InitializeLog()")
 
 
+def synthetic_jpeg(h: int, w: int, seed: int = 0) -> bytes:
+    """An ``h`` x ``w`` JPEG (quality 90) of colour gradients with seeded noise."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([(x * 3 + y) % 256, (y * 2) % 256, (x + y * 5) % 256], -1) + rng.integers(0, 30, (h, w, 3))
+    b = io.BytesIO()
+    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(b, "JPEG", quality=90)
+    return b.getvalue()
+
+
 def said(r: subprocess.CompletedProcess, chars: int = 3000) -> str:
     """A failed command's last words for an assertion message: its exit status, then the tails of
     its stderr and stdout without TensorFlow's start-up lines (a rank each, which can fill the tail)."""

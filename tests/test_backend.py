@@ -10,17 +10,8 @@ from PIL import Image
 from enspipe.data import pixels
 from enspipe.data.order import NumpyOrder, canonical_numbers
 from enspipe.data.records import CYCLE, _interleaved, first_samples
-from conftest import EVERY_SCHEME, MPIEXEC, said
+from conftest import EVERY_SCHEME, MPIEXEC, said, synthetic_jpeg as _jpeg
 from test_api import members
-
-
-def _jpeg(h: int, w: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    img = np.stack([(x * 3 + y) % 256, (y * 2) % 256, (x + y * 5) % 256], -1) + rng.integers(0, 30, (h, w, 3))
-    b = io.BytesIO()
-    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(b, "JPEG", quality=90)
-    return b.getvalue()
 
 
 @pytest.mark.parametrize("name, lo, hi", [("inception", -1.0, 1.0), ("vgg", -123.68, 255 - 103.94),

@@ -1,7 +1,6 @@
 """The engine: its backend registry, and the CPU backend's worker processes (the same images as
 in one process, failures named or skipped and counted, lifetimes bound to the member's, CPU and
 cores the member's)."""
-import io
 import os
 import signal
 import subprocess
@@ -10,7 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from PIL import Image
+
+from conftest import synthetic_jpeg
 
 from enspipe.data.manifest import DataError
 from enspipe.engine.backends.pillow import PillowEngine
@@ -19,17 +19,8 @@ from enspipe.measure import threadcpu
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _jpeg(h: int, w: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    img = np.stack([(x * 3 + y) % 256, (y * 2) % 256, (x + y * 5) % 256], -1) + rng.integers(0, 40, (h, w, 3))
-    b = io.BytesIO()
-    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(b, "JPEG", quality=90)
-    return b.getvalue()
-
-
 def _slice(n: int, bad: tuple = ()) -> dict:
-    enc = np.array([b"not a jpeg" if i in bad else _jpeg(60 + i, 80 - i, i) for i in range(n)], object)
+    enc = np.array([b"not a jpeg" if i in bad else synthetic_jpeg(60 + i, 80 - i, i) for i in range(n)], object)
     return {"encoded": enc, "id": np.arange(100, 100 + n), "epoch": np.zeros(n, np.int64),
             "position": np.arange(n, dtype=np.int64), "label": np.arange(n) % 3,
             "key": np.array([f"img{i}.jpg".encode() for i in range(n)], object)}
