@@ -181,7 +181,6 @@ class Pipeline:
             self._put("preprocessing", item)
 
     def _preprocess(self) -> None:
-        slice_len = self.share[1] - self.share[0]
         self._prep_engine = self.backend_module.engine(self.spec)  # closed by close(), so its pool threads' CPU stays visible
         try:
             for raw, images, meta, took in self._prep_engine.run(lambda: self._take("preprocessing")):
@@ -191,7 +190,7 @@ class Pipeline:
                 self.clock.add("preprocess", took)
                 images, meta = np.ascontiguousarray(images), np.ascontiguousarray(meta)
                 # the unit's slices, as views (a slice that lost skipped images is alone in its unit)
-                ends = [len(meta)] if self.unit == 1 else [slice_len * (i + 1) for i in range(self.unit)]
+                ends = [len(meta)] if self.unit == 1 else [self.spec.slice_len * (i + 1) for i in range(self.unit)]
                 for lo, hi in zip([0, *ends[:-1]], ends):
                     self._put("exchange", Batch(images[lo:hi], meta[lo:hi]))
         except Exception:
