@@ -7,6 +7,8 @@ each writing into OUT/name. Modes:
   again at the end (a kept batch must not change), and whether the arrays were read-only;
 * ``checksums``: write the checksums of the first STEPS batches (as `enspipe run --batch-checksums` logs them);
 * ``raise``: raise inside ``with SharedStream(...)`` at the third batch (the job must abort, fast);
+* ``kill`` / ``stop``: the last member sends itself SIGKILL (dies) / SIGSTOP (hangs) at the third
+  batch; the others read on (the job must end, fast, naming what happened);
 * ``torch`` / ``jax``: EPOCHS epochs of ``stream.torch(layout=LAYOUT)`` / ``stream.jax()``, every batch
   kept; each one's NHWC pixel and label checksums when it came and at the end, its type, layout
   and dtypes, and every warning raised.
@@ -14,7 +16,9 @@ each writing into OUT/name. Modes:
 import faulthandler
 import json
 import os
+import signal
 import sys
+import time
 
 import numpy as np
 
@@ -61,12 +65,13 @@ def _framework_rows(stream, mode: str, layout: str, epochs: int) -> dict:
     return {"rows": rows, "epochs": stream.epochs(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
 
 
-def _kept_rows(stream, steps: int) -> dict:
+def _kept_rows(stream, steps: int, pause: float = 0) -> dict:
     """``keep`` / ``checksums`` mode: STEPS batches kept, each checked when it came and at the end."""
     kept, rows = [], []
     for _ in range(steps):
         images, meta = stream._next(keep=True)
         kept.append((images, meta, batch_checksum(Batch(images, meta))))
+        time.sleep(pause)
     for images, meta, first in kept:
         rows.append({"first": first, "last": batch_checksum(Batch(images, meta)),
                      "read_only": not images.flags.writeable and not meta.flags.writeable,
@@ -82,16 +87,26 @@ def case(case_mode: str, out: str, options: dict) -> None:
     """One stream of ``options`` read as ``case_mode`` asks; this member's json in ``out``."""
     options = dict(options)
     steps, layout, epochs = options.pop("steps", 20), options.pop("layout", "NHWC"), options.pop("epochs", 2)
+    pause = options.pop("pause_s", 0)  # slept after each batch: a run that outlasts peer_timeout
     if options.get("preprocess") == "gray40":
         options["preprocess"] = gray40
     data, batch = options.pop("data"), options.pop("batch_size")
+    # options for one member alone (by its launcher's rank): members that disagree
+    rank = os.environ.get("RANK", os.environ.get("PMI_RANK", "0"))
+    options.update(options.pop("rank_options", {}).get(rank, {}))
     with enspipe.SharedStream(data, batch, **options) as stream:
         if case_mode == "raise":
             for i, _ in enumerate(stream):
                 if i == 2:
                     raise ValueError("a bug in the member's training step")
+        if case_mode in ("kill", "stop"):
+            last = stream.member == stream.members - 1
+            for i in range(10 ** 6):  # the others read on until the job ends
+                stream.next_batch()
+                if i == 2 and last:
+                    os.kill(os.getpid(), signal.SIGKILL if case_mode == "kill" else signal.SIGSTOP)
         info = (_framework_rows(stream, case_mode, layout, epochs) if case_mode in ("torch", "jax")
-                else _kept_rows(stream, steps))
+                else _kept_rows(stream, steps, pause))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"member{stream.member}.json"), "w") as f:
         json.dump(info, f)

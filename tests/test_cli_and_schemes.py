@@ -53,6 +53,16 @@ def test_horovod_transport_without_horovod_names_the_fix(dataset, tmp_path):
     assert r.returncode == 2 and "--transport" in r.stderr and "make horovod" in r.stderr
 
 
+def test_torch_transport_without_torch_names_the_fix(dataset, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here (tests/test_torch_transport.py runs the transport)")
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--transport", "torch")
+    assert r.returncode == 2 and "--transport: torch is not installed here; pip install 'enspipe[torch]'" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_dataset_names_the_fix(tmp_path):
     r = enspipe("run", "--data", tmp_path / "nope", "--out", tmp_path / "o")
     assert r.returncode == 2 and "--data" in r.stderr and "make-dataset" in r.stderr

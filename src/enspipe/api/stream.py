@@ -54,7 +54,8 @@ class SharedStream(StreamAdapters):
     ``SharedStream(data, batch_size, **options)``: ``options`` are :class:`StreamConfig`'s
     fields (``scheme``, ``preprocessors``, ``preprocess``, ``image_size``, ``seed``, ...), plus:
 
-    * ``comm``: the MPI communicator whose ranks are the members (default ``MPI.COMM_WORLD``);
+    * ``comm``: the MPI communicator whose ranks are the members (default ``MPI.COMM_WORLD``; under
+      ``torchrun``, every process torchrun started, over torch.distributed, with ``transport="torch"``);
     * ``peer_timeout``: seconds a member may go unheard before the job is aborted (default 30);
     * ``malloc``: ``"keep"`` (default) lets this process's malloc reuse freed images' pages
       instead of faulting them in afresh (see :mod:`enspipe.engine.memory`); ``"system"`` leaves it;
@@ -76,13 +77,21 @@ class SharedStream(StreamAdapters):
 
     def __init__(self, data, batch_size: int, *, comm=None, peer_timeout: float = 30.0, malloc: str = "keep",
                  threads: int | None = None, log_dir: str | None = None, members_per_rank: int = 1, **options):
+        from enspipe.exchange.torchcomm import torch_launched
+
+        by_torch = comm is None and torch_launched()
+        if by_torch:
+            options.setdefault("transport", "torch")
         self.config = StreamConfig(data=data, batch_size=batch_size, **options)
         _check_member_options(peer_timeout, malloc, threads, members_per_rank)
+        if by_torch:
+            _check_torch_launch(self.config)
         self.members_per_rank = members_per_rank
         self.manifest, self._preprocessing = self.config.check()  # files and user code: before any collective
         from enspipe.plan.schemes import AUTO, make_scheme
 
-        comm = _world() if comm is None else comm
+        comm = (_torch_world() if by_torch else _world()) if comm is None else comm
+        self._MPI = _module_of(comm)
         if self.config.scheme != AUTO:  # no collective: every rank reaches the same verdict
             make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)
         self._comm, self._closed, self._log_dir = comm, False, log_dir
@@ -171,7 +180,7 @@ class SharedStream(StreamAdapters):
             everyone = self._control.Ibarrier()
             while not everyone.Test():
                 self._pipeline.discard()  # what reaches this member
-            self._pipeline.finish(allreduce_quietly(self._control, self._pipeline.freeze(), _mpi().MAX))
+            self._pipeline.finish(allreduce_quietly(self._control, self._pipeline.freeze(), self._MPI.MAX))
             self._pipeline.drain()
             self._pipeline.close()
         else:  # nobody depends on this member's pipeline: stop it now, then wait for the others asleep
@@ -207,10 +216,10 @@ class SharedStream(StreamAdapters):
         from enspipe.engine.pipeline import build_pipeline
         from enspipe.engine.placement import place
 
-        MPI, comm, cfg = _mpi(), self._comm, self.config
+        MPI, comm, cfg = self._MPI, self._comm, self.config
         self.malloc = set_malloc(malloc)
         where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
-        _agree_on_backend(comm, cfg.backend)
+        _agree(comm, cfg)
         nodes = node_groups(comm.allgather(where.mpi_node))
         self.planned = _plan(cfg, comm, where, len(nodes)) if cfg.scheme == AUTO else None
         scheme, p = (self.planned["scheme"], self.planned["p"]) if self.planned else (cfg.scheme, cfg.preprocessors)
@@ -290,16 +299,37 @@ def _writable(a: np.ndarray) -> np.ndarray:
     return view
 
 
-def _agree_on_backend(comm, backend: str) -> None:
-    """Every member preprocesses with one backend (collective; the same verdict on every rank)."""
+AGREED = {  # what every member must share, and how to make them agree
+    "backend": "pass the same backend= to every member, or install TensorFlow on every node or on none",
+    "transport": "pass the same transport= to every member (torchrun's members take torch by default)",
+    "preprocess": "pass every member the same preprocess= (a built-in's name, or the same function)"}
+
+
+def _agree(comm, cfg: StreamConfig) -> None:
+    """Every member preprocesses with one backend and preprocessing, and exchanges over one transport
+    (collective, at the first exchange; the same verdict on every rank)."""
     from enspipe.plan.errors import ConfigError
 
-    backends = comm.allgather(backend)
-    if len(set(backends)) > 1:
-        ranks = {b: [r for r, x in enumerate(backends) if x == b] for b in sorted(set(backends))}
-        raise ConfigError("backend", f"the members resolved different backends ({ranks}): a shuffled stream's "
-                          "order differs between them", "pass the same backend= to every member, or install "
-                          "TensorFlow on every node or on none")
+    fn = cfg.preprocess
+    pre = fn if isinstance(fn, str) else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    mine = {"backend": cfg.backend, "transport": cfg.transport, "preprocess": pre}
+    everyone = comm.allgather(mine)
+    for field, fix in AGREED.items():
+        values = [m[field] for m in everyone]
+        if len(set(values)) > 1:
+            ranks = {v: [r for r, x in enumerate(values) if x == v] for v in sorted(set(values))}
+            raise ConfigError(field, f"the members resolved different values ({ranks}, by member): a shuffled "
+                              "stream's batches would differ between them", fix)
+
+
+def _check_torch_launch(cfg: StreamConfig) -> None:
+    """A member that torchrun launched has no MPI world: the torch transport, no MPI-only option."""
+    from enspipe.plan.errors import require
+
+    require(cfg.transport == "torch", "transport", f"torchrun launched this member, so there is no MPI world for "
+            f"the {cfg.transport} transport", "leave transport out (torch), or launch with mpiexec or srun")
+    require(not cfg.decode_cache, "decode_cache", "the decode cache is MPI's node-shared windows, and torchrun "
+            "launched this member", "leave decode_cache out, or launch with mpiexec or srun")
 
 
 def _plan(cfg: StreamConfig, comm, where, nodes: int) -> dict:
@@ -341,6 +371,19 @@ def _mpi():
 
 def _world():
     return _mpi().COMM_WORLD
+
+
+def _torch_world():
+    from enspipe.exchange.torchcomm import TorchComm
+
+    return TorchComm.world()
+
+
+def _module_of(comm):
+    """mpi4py's ``MPI`` module, or its stand-in for a communicator over torch.distributed."""
+    from enspipe.exchange import torchcomm
+
+    return torchcomm.MPI if isinstance(comm, torchcomm.TorchComm) else _mpi()
 
 
 def _events(log_dir: str | None, rank: int):

@@ -341,6 +341,11 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
         from enspipe.exchange.horovod import HorovodTransport
 
         transport = HorovodTransport(*common, events=events, reduce_groups=list(reduce_groups))
+    elif stream.transport == "torch":
+        from enspipe.exchange.torchdist import TorchTransport
+
+        transport = TorchTransport(*common, max_batch=stream.batch_size, queue_depth=stream.queue_depth,
+                                   events=events, uses=scheme.uses(), unit=unit)
     else:
         transport = Mpi4pyTransport(*common, max_batch=stream.batch_size, queue_depth=stream.queue_depth,
                                     node_shm=stream.node_shm, events=events, uses=scheme.uses(), unit=unit)

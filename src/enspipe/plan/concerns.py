@@ -20,17 +20,15 @@ from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, counts, na
                                   rank_factor, size_bytes)
 from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
-from enspipe.plan.stream import BACKENDS, BUILTIN_PREPROCESSING, IMPLEMENTATIONS
+from enspipe.plan.stream import (BACKENDS, BUILTIN_PREPROCESSING, IMPLEMENTATIONS, MALLOC_POLICIES, TRANSPORTS,
+                                 WIRE_DTYPES)
 
 CONSUMERS = ("train", "emulated", "peak")
 TRAINERS = ("auto", "keras", "torch")
 SCHEMES = tuple(SCHEME_KINDS) + (AUTO,)  # the scheme registry's names, in its order, and the planner's choice
-WIRE_DTYPES = ("float32", "uint8")
-TRANSPORTS = ("mpi4py", "horovod")
 CPU_MONITORS = ("auto", "mpstat", "psutil", "none")
 POWER_SOURCES = ("auto", "rapl", "nvml", "slurm", "external", "modelled")
 ON_CORRUPT = ("fail", "skip")
-MALLOC_POLICIES = ("keep", "system")  # enspipe.engine.memory.set_malloc's
 TFDATA_COMPRESSIONS = ("none", "AUTO")  # the tf.data service's register_dataset compression
 
 
@@ -59,8 +57,9 @@ class StreamOptions:
                                "either way", parse=positive_int)
     wire_dtype: str = option("float32", "element type of preprocessed images on the wire; uint8 quantises after "
                              "preprocessing: 4x less traffic, lossy by 1/255 of the range", choices=WIRE_DTYPES)
-    transport: str = option("mpi4py", "collective library: mpi4py communicators, or Horovod process sets "
-                            "(the build of `make horovod`)", choices=TRANSPORTS)
+    transport: str = option("mpi4py", "collective library: mpi4py communicators, Horovod process sets "
+                            "(the build of `make horovod`), or torch.distributed process groups (gloo)",
+                            choices=TRANSPORTS)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
                             "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
     malloc: str = option("keep", "keep: malloc reuses freed images' pages instead of faulting fresh ones in; "

@@ -91,8 +91,8 @@ class RunConfig:
                  x == "prophet", "plan_comm", f"is for --scheme auto or --gradient-exchange "
                  f"prophet, not {s.scheme} with {x}", "leave --plan-comm out")
         _require(x == "whole" or s.transport == "mpi4py", "gradient_exchange",
-                 f"{x} runs on the member's MPI communicator; Horovod's process set sums the whole "
-                 "gradient", "leave --gradient-exchange out with --transport horovod")
+                 f"{x} runs on the member's MPI communicator, not the {s.transport} transport's groups",
+                 f"leave --gradient-exchange out with --transport {s.transport}")
         self._check_exchange()
         if max(t.data_parallel) > 1:
             _require(not service_scheme(s.scheme), "data_parallel", "the tf.data service gives each rank its own stream, "
@@ -229,11 +229,13 @@ class RunConfig:
         _require(spec.tfdata_service or not service_scheme(self.stream.scheme), "backend", "the tf.data service runs "
                  "TensorFlow's preprocessing graph in its workers", "leave --backend out (tf) for --scheme "
                  "tfdata_service")
-        if self.stream.transport == "horovod":
+        if self.stream.transport in ("horovod", "torch"):
             import importlib.util
 
-            _require(importlib.util.find_spec("horovod") is not None, "transport", "Horovod is not installed here",
-                     "build it with `make horovod` and run from .venv-horovod, or use --transport mpi4py")
+            install = {"horovod": "build it with `make horovod` and run from .venv-horovod",
+                       "torch": "pip install 'enspipe[torch]'"}[self.stream.transport]
+            _require(importlib.util.find_spec(self.stream.transport) is not None, "transport",
+                     f"{self.stream.transport} is not installed here", f"{install}, or use --transport mpi4py")
         if self.measure.cpu_monitor == "mpstat":
             import shutil
 

@@ -5,6 +5,7 @@ made before any collective.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 
 # enspipe.data.preprocessing.PREPROCESSING's names, and enspipe.data.pixels.PREPROCESSING's
 BUILTIN_PREPROCESSING = ("inception", "vgg", "standard", "standard-jitter")
-TRANSPORTS = ("mpi4py", "horovod")
+# the members' collectives: MPI communicators (mpi4py), Horovod's process sets, torch.distributed's
+# process groups (gloo)
+TRANSPORTS = ("mpi4py", "horovod", "torch")
 WIRE_DTYPES = ("float32", "uint8")
 # the built-ins' implementations (enspipe.data.preprocessing.IMPLEMENTATIONS): crop-first (inception's crop
 # window decoded alone) and reference (Slim's functions as written), the same values; fused-colour (crop-first
@@ -132,8 +135,10 @@ class StreamConfig:
                 f"choose one of {', '.join(TRANSPORTS)}")
         require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
                 f"choose one of {', '.join(WIRE_DTYPES)}")
-        require(self.transport == "mpi4py" or self.node_shm, "node_shm", "the Horovod transport has no node-shared "
-                "memory path to turn off", "leave node_shm on, or use transport='mpi4py'")
+        require(self.transport == "mpi4py" or self.node_shm, "node_shm", f"the {self.transport} transport has no "
+                "node-shared memory path to turn off", "leave node_shm on, or use transport='mpi4py'")
+        require(self.transport != "torch" or importlib.util.find_spec("torch") is not None, "transport",
+                "torch is not installed here", "pip install torch, or use transport='mpi4py'")
         require(isinstance(self.sample_interval, (int, float)) and math.isfinite(self.sample_interval)
                 and self.sample_interval > 0, "sample_interval", f"must be a positive number, got "
                 f"{self.sample_interval!r}", "pass e.g. 0.1")

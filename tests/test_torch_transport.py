@@ -1,0 +1,121 @@
+"""The torch transport (torch.distributed process groups over gloo) as PyTorch users launch members:
+by ``torchrun`` and by ``mpiexec``. Every scheme gives each member the batches mpi4py's transport
+gives, bit for bit, each sample once per epoch; a member that dies or hangs ends the job, saying
+which; members that disagree are told so before any batch. Runs where torch is installed (make
+test-notf's environment)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MPIEXEC, said
+
+pytest.importorskip("torch", reason="pip install 'enspipe[torch]' (or torch==2.13.0+cpu) to test the torch transport")
+pytestmark = pytest.mark.mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEMBER = os.path.join(HERE, "stream_member.py")
+TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+COMMON = {"batch_size": 10, "image_size": 32, "backend": "pillow", "steps": 12}
+# 10 images among 3 or 4 preprocessors: blocks of unequal size, padded for torch's gather
+CASES = {"all_shared": {"scheme": "all_shared", "pause_s": 0.3, "peer_timeout": 2},  # outlasts peer_timeout
+         "single": {"scheme": "single_broadcast", "preprocessors": 1, "wire_dtype": "uint8"},
+         "multi": {"scheme": "multi_broadcast", "preprocessors": 2},
+         "skip": {"scheme": "all_shared", "skip_corrupt": True}}  # block sizes exchanged, not known
+
+
+def _launch(launcher: str, n: int, out, cases: dict, timeout: float = 400, env: dict | None = None):
+    """tests/stream_member.py ``cases`` under ``torchrun --nproc-per-node n`` or ``mpiexec -n n``;
+    returns (CompletedProcess, {case: per-member json})."""
+    spec = json.dumps([[name, mode, options] for name, (mode, options) in cases.items()])
+    if launcher == "torchrun":
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(n), MEMBER, "cases", str(out), spec]
+    else:
+        cmd = [MPIEXEC, "-n", str(n), sys.executable, MEMBER, "cases", str(out), spec]
+    full = {**os.environ, "ENSPIPE_TEST_HANG_S": str(timeout - 30), **(env or {})}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=out)
+    return r, {name: [json.loads(p.read_text()) for p in (out / name / f"member{k}.json" for k in range(n))
+                      if p.exists()] for name in cases}
+
+
+def _cases(dataset, transport: str | None) -> dict:
+    extra = {"transport": transport} if transport else {}
+    return {name: ("checksums", {"data": dataset, **COMMON, **o, **extra}) for name, o in CASES.items()}
+
+
+def _batches(res: list[dict]) -> list[list[str]]:
+    return [[row["first"] for row in m["rows"]] for m in res]
+
+
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_every_scheme_over_torch_gives_mpi4pys_batches_bit_for_bit(dataset, tmp_path, n):
+    """The same cases under mpiexec with mpi4py (the reference), under torchrun (torch by
+    default) and under mpiexec with transport='torch': every member's batches are identical."""
+    runs = {}
+    for name, launcher, transport in (("mpi4py", "mpiexec", None), ("torchrun", "torchrun", None),
+                                      ("mpiexec_torch", "mpiexec", "torch")):
+        out = tmp_path / name
+        out.mkdir()
+        r, res = _launch(launcher, n, out, _cases(dataset, transport))
+        assert r.returncode == 0, f"{name}: {said(r)}"
+        runs[name] = res
+    for case in CASES:
+        reference = runs["mpi4py"][case]
+        assert len(reference) == n
+        for name in ("torchrun", "mpiexec_torch"):
+            res = runs[name][case]
+            assert len(res) == n, (name, case)
+            assert _batches(res) == _batches(reference), (name, case)
+            for m in res:
+                assert set(m["paths"].values()) == {"torch-gloo"}, (name, case)
+                assert [(e["count"], e["missing"]) for e in m["epochs"]][:2] == [(50, 0), (50, 0)], (name, case)
+                assert all(row["first"] == row["last"] and row["read_only"] for row in m["rows"])
+        assert all(b == _batches(reference)[0] for b in _batches(reference)), case  # one stream, shared
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("mode", ["kill", "stop"])
+def test_a_member_that_dies_or_hangs_under_torchrun_ends_the_job(dataset, tmp_path, mode):
+    """SIGKILL: gloo's connections close and torchrun ends the job. SIGSTOP (alive, silent): the
+    heartbeat's successor names it after peer_timeout and aborts; torchrun then ends the rest
+    (its SIGTERM, then SIGKILL 30 s later for the stopped one), long before gloo's 30 min."""
+    cases = {"c": (mode, {"data": dataset, **COMMON, "peer_timeout": 5})}
+    r, res = _launch("torchrun", 2, tmp_path, cases, timeout=180)
+    assert r.returncode != 0 and res["c"] == [], said(r)
+    if mode == "stop":
+        assert "member 0: member 1 silent for" in r.stderr, said(r)
+
+
+def test_members_that_disagree_are_told_which(dataset, tmp_path):
+    """One member asks for another preprocessing: every member's stream refuses to start, naming
+    both values and their members."""
+    cases = {"c": ("checksums", {"data": dataset, **COMMON, "rank_options": {"1": {"preprocess": "vgg"}}})}
+    r, res = _launch("torchrun", 2, tmp_path, cases, timeout=180)
+    assert r.returncode != 0, said(r)
+    assert "preprocess: the members resolved different values ({'inception': [0], 'vgg': [1]}" in r.stderr, said(r)
+
+
+def test_torchrun_without_the_torch_transport_is_refused(dataset, tmp_path):
+    cases = {"c": ("checksums", {"data": dataset, **COMMON, "transport": "mpi4py"})}
+    r, _ = _launch("torchrun", 2, tmp_path, cases, timeout=180)
+    assert r.returncode != 0
+    assert "torchrun launched this member, so there is no MPI world for the mpi4py transport" in r.stderr, said(r)
+
+
+def test_a_cell_over_the_torch_transport_trains_and_says_so(dataset, tmp_path):
+    """`enspipe run --transport torch` under mpiexec: torch.distributed meets at a port rank 0
+    names over MPI; the summary records the transport and each group's path, exactly once."""
+    cli = shutil.which("enspipe", path=os.path.dirname(sys.executable))
+    out = tmp_path / "cell"
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "without_tf.py"), cli, "run",
+                        "--data", dataset, "--out", out, "--scheme", "all_shared", "--network", "tiny",
+                        "--consumer", "train", "--batch-size", "10", "--image-size", "32", "--wire-dtype", "uint8",
+                        "--warmup", "1", "--steps", "10", "--cpu-monitor", "none", "--transport", "torch"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, said(r)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["transport"] == "torch" and s["delivery"]["exactly_once"]
+    assert [rank["exchange_paths"] for rank in s["ranks"]] == [{"0,1": "torch-gloo"}] * 2
