@@ -1,7 +1,7 @@
 """The transports side by side on All-Shared: mpi4py through node-shared memory (the default),
 mpi4py's MPI collectives alone (--no-node-shm) and torch.distributed over gloo (--transport torch).
 
-    .venv-notf/bin/python benchmarks/transports.py [--ns 2,4] [--repeats 3] [--steps 30] [--warmup 5]
+    .venv-notf/bin/python benchmarks/transports.py [--ns 2,4] [--repeats 3] [--steps 30] [--warmup 5] [--wire-dtype uint8]
 
 Runs in an environment with torch (make test-notf's .venv-notf; the pillow backend, no TensorFlow).
 Every cell is ``mpiexec -n N enspipe run --scheme all_shared --consumer peak`` on the embedded
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--images", type=int, default=1000)
+    ap.add_argument("--wire-dtype", default="float32", choices=("float32", "uint8"))
     a = ap.parse_args()
     data = dataset(a.images)
     todo = [(n, t) for n in map(int, a.ns.split(",")) for t in TRANSPORTS]
@@ -50,11 +51,12 @@ def main() -> None:
     for rep, (n, t) in schedule(todo, a.repeats):
         s = run_cell(data, n, ["--scheme", "all_shared", "--consumer", "peak", "--backend", "pillow",
                                "--batch-size", a.batch, "--image-size", a.size, "--steps", a.steps,
-                               "--warmup", a.warmup, "--cpu-monitor", "none", *TRANSPORTS[t]])
+                               "--warmup", a.warmup, "--wire-dtype", a.wire_dtype, "--cpu-monitor", "none",
+                               *TRANSPORTS[t]])
         runs.setdefault((n, t), {})[rep] = measure(s)
         print(f"repeat {rep} n={n} {t}: {runs[(n, t)][rep]['rate']:.1f} images/s per member, "
               f"{runs[(n, t)][rep]['cpu'] * 1e3:.2f} ms CPU per image", flush=True)
-    print(f"\nAll-Shared, {a.size} px, batch {a.batch}, {a.steps} steps, {a.repeats} repeats: median (min-max)\n")
+    print(f"\nAll-Shared, {a.size} px {a.wire_dtype}, batch {a.batch}, {a.steps} steps, {a.repeats} repeats: median (min-max)\n")
     print("| N | transport | path | images/s per member | CPU ms per image | exchange us per image | vs mpi4py |")
     print("|---|---|---|---|---|---|---|")
     verdicts = []
