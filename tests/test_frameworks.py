@@ -113,6 +113,43 @@ def test_the_examples_train_three_members_each_sample_once_per_epoch(example_set
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
+def test_the_lightning_example_trains_each_member_its_own_model(example_sets, tmp_path, launcher):
+    """examples/train_ensemble_lightning.py: three Trainer(devices=1), one per member, under torchrun
+    (the torch transport) and under mpiexec (mpi4py); each a job of its own (world size 1, rank 0,
+    a single-device strategy), with its own epochs (3, 1, 2), checkpoints and validation, and every
+    epoch it trained on holding every sample once."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("lightning", reason="pip install 'enspipe[lightning]' to run the Lightning example")
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(os.path.dirname(here), "examples", "train_ensemble_lightning.py")
+    launch = ([shutil.which("torchrun", path=os.path.dirname(sys.executable)), "--standalone", "--nproc-per-node", "3"]
+              if launcher == "torchrun" else [MPIEXEC, "-n", "3", sys.executable])
+    data, out = example_sets / "shards", tmp_path / "runs"
+    r = subprocess.run([*launch, example, "--data", data / "train", "--validation-data", data / "val", "--out", out,
+                        "--epochs", "3,1,2", "--image-size", "32", "--batch-size", "8"],
+                       capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert r.returncode == 0, said(r, chars=8000)
+    results = [json.loads((out / f"member{k}" / "result.json").read_text()) for k in range(3)]
+    assert [x["epochs_trained"] for x in results] == [3, 1, 2]
+    for x in results:
+        trained = x["epochs_trained"]
+        assert x["transport"] == ("torch" if launcher == "torchrun" else "mpi4py")
+        assert x["trainer"] == {"world_size": 1, "global_rank": 0, "strategy": "SingleDeviceStrategy"}
+        assert [(e["epoch"], e["count"], e["missing"]) for e in x["stream_epochs"]][:trained] == \
+            [(e, 60, 0) for e in range(trained)]
+        assert len(x["history"]["loss"]) == len(x["history"]["val_loss"]) == trained
+        assert all(v == v and v < 10 for v in x["history"]["val_loss"])  # finite
+        assert sorted(os.listdir(out / f"member{x['member']}" / "checkpoints")) == \
+            [f"epoch{e:02d}.ckpt" for e in range(trained)]
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("scheme, p", EVERY_SCHEME)
 def test_a_cell_trains_torch_members_on_every_scheme_exactly_once(dataset, tmp_path, scheme, p):
     """`enspipe run --consumer train` without TensorFlow: the torch trainer, the pillow backend, a

@@ -23,7 +23,9 @@ The public names (imported on first use, so ``import enspipe`` stays cheap):
   that comes and goes on its own (a search's trial): its own exactly-once epochs;
 * :class:`ServerGone`: the attach server ended (or stopped answering) under an attached stream;
 * :class:`ConfigError`: a bad option or input, naming the field and the fix;
-* :class:`DataError`: the data broke its manifest (a corrupt record, a lost sample).
+* :class:`DataError`: the data broke its manifest (a corrupt record, a lost sample);
+* :func:`lightning_member`: the Lightning cluster environment that makes each member's
+  ``Trainer(devices=1)`` a job of its own.
 """
 import os as _os
 
@@ -31,12 +33,13 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # rank 0 alone talks to the
 
 __version__ = "0.1.0"
 __all__ = ["SharedStream", "StreamConfig", "attach", "ServerGone", "validation_set", "ConfigError", "DataError",
-           "__version__"]
+           "lightning_member", "__version__"]
 
 _PUBLIC = {"SharedStream": "enspipe.api.stream", "StreamConfig": "enspipe.plan.stream",
            "validation_set": "enspipe.api.validation", "attach": "enspipe.api.attach",
            "ServerGone": "enspipe.serve.wire",
-           "ConfigError": "enspipe.plan.errors", "DataError": "enspipe.data.manifest"}
+           "ConfigError": "enspipe.plan.errors", "DataError": "enspipe.data.manifest",
+           "lightning_member": "enspipe.api.frameworks"}
 
 
 def __getattr__(name: str):

@@ -110,6 +110,24 @@ class TorchBatches:
             ahead[2].synchronize()
             yield ahead[0], ahead[1]
 
+    def loader(self):
+        """These batches as a ``torch.utils.data.DataLoader``, for integrations that accept nothing
+        else: an ``IterableDataset`` of whole batches with ``batch_size=None`` and no workers, so
+        each iteration is one epoch of the same tensors (no collation, no copy, every sample once)."""
+        data = self.torch.utils.data
+
+        class Batches(data.IterableDataset):
+            def __init__(self, batches):
+                self.batches = batches
+
+            def __iter__(self):
+                return iter(self.batches)
+
+            def __len__(self) -> int:
+                return len(self.batches)
+
+        return data.DataLoader(Batches(self), batch_size=None, num_workers=0)
+
 
 class JaxBatches:
     """One epoch of ``(images, labels)`` ``jax.Array`` s on ``device`` (default: JAX's first),
@@ -135,3 +153,41 @@ class JaxBatches:
         for images, labels in self.stream._batches(writable=False):
             labels = np.array(labels, dtype=np.int64 if wide else np.int32)  # JAX's own integer width
             yield put(np.array(images), self.device), put(labels, self.device)
+
+
+def lightning_member():
+    """A Lightning cluster environment for one ensemble member: a job of one process, rank 0.
+
+    Pass it to each member's ``Trainer(devices=1, plugins=[enspipe.lightning_member()])``. Under
+    ``torchrun`` or ``mpiexec`` Lightning otherwise finds an environment of several processes
+    (TorchElastic's, MPI's) and would make the members one data-parallel model; with it, each
+    member's Trainer trains its own model on the shared stream, logs and saves its own checkpoints,
+    and never starts or joins a process group (the stream's own, under torchrun, is left alone)."""
+    environments = require_framework("lightning.pytorch.plugins.environments", "lightning")
+
+    class MemberEnvironment(environments.LightningEnvironment):
+        """One process, rank 0, on its own node (see :func:`lightning_member`)."""
+
+        @staticmethod
+        def detect() -> bool:
+            return True
+
+        def world_size(self) -> int:
+            return 1
+
+        def set_world_size(self, size: int) -> None:
+            """Lightning's count of devices x nodes: one, and this member is all of it."""
+
+        def global_rank(self) -> int:
+            return 0
+
+        def set_global_rank(self, rank: int) -> None:
+            """Always 0: this member's Trainer is a job of its own."""
+
+        def local_rank(self) -> int:
+            return 0
+
+        def node_rank(self) -> int:
+            return 0
+
+    return MemberEnvironment()
