@@ -90,6 +90,10 @@ def case(case_mode: str, out: str, options: dict) -> None:
     pause = options.pop("pause_s", 0)  # slept after each batch: a run that outlasts peer_timeout
     if options.get("preprocess") == "gray40":
         options["preprocess"] = gray40
+    elif ":" in options.get("preprocess", ""):  # module:function, or module:factory() (tests/user_transforms.py)
+        module, name = options["preprocess"].split(":")
+        fn = getattr(__import__(module), name.removesuffix("()"))
+        options["preprocess"] = fn() if name.endswith("()") else fn
     data, batch = options.pop("data"), options.pop("batch_size")
     # options for one member alone (by its launcher's rank): members that disagree
     rank = os.environ.get("RANK", os.environ.get("PMI_RANK", "0"))

@@ -35,7 +35,7 @@ def die_with_parent(parent: int) -> None:
 def main(fd: int, parent: int) -> None:
     die_with_parent(parent)
     sock = socket.socket(fileno=fd)
-    init = json.loads(sock.recv(1 << 16))
+    init = json.loads(sock.recv(1 << 20))  # a user's pickled augmentation travels in it
     set_malloc(init["malloc"])  # the member's policy: a fresh process's page faults cost as much here
     module, name = init["function"].split(":")
     fn, errors = getattr(importlib.import_module(module), name)(**init["kwargs"])

@@ -59,6 +59,7 @@ def describe_exit(code: int) -> str:
 class _Worker:
     def __init__(self, init: bytes):
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, max(len(init) * 2, 1 << 16))  # (a user's pickle)
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "enspipe.engine.worker", str(child.fileno()),
                                       str(os.getpid())], pass_fds=(child.fileno(),), env=env,

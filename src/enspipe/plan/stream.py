@@ -33,7 +33,10 @@ class BackendSpec:
     the module of the same name in :mod:`enspipe.engine.backends`)."""
 
     needs_tensorflow: bool
-    user_functions: bool         # runs a preprocess function fn(image, seed) of TensorFlow tensors
+    # what a user's preprocess function is given and runs in: "tensorflow" (fn(image, seed) of TensorFlow
+    # tensors, in tf.data's graph) or "arrays" (a torchvision/kornia pipeline or callable on decoded images,
+    # in worker processes, seeded per sample: enspipe.data.transforms)
+    user_functions: str
     implementations: tuple       # the --preprocess-impl values it runs
     horovod: bool                # Horovod's transport (its TensorFlow build) may carry its batches
     tfdata_service: bool         # its preprocessing is the graph the tf.data service's workers run
@@ -41,9 +44,9 @@ class BackendSpec:
 
 # tf.data and Slim's TensorFlow ops; Pillow, OpenCV and numpy (no TensorFlow). "auto" is tf where
 # TensorFlow is installed, else pillow.
-BACKENDS = {"tf": BackendSpec(needs_tensorflow=True, user_functions=True, implementations=IMPLEMENTATIONS,
+BACKENDS = {"tf": BackendSpec(needs_tensorflow=True, user_functions="tensorflow", implementations=IMPLEMENTATIONS,
                               horovod=True, tfdata_service=True),
-            "pillow": BackendSpec(needs_tensorflow=False, user_functions=False,
+            "pillow": BackendSpec(needs_tensorflow=False, user_functions="arrays",
                                   implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False)}
 APPROXIMATIONS = ("fused-colour",)
 MALLOC_POLICIES = ("keep", "system")
@@ -62,7 +65,10 @@ class StreamConfig:
     ``preprocess`` is a built-in's name (Slim's ``inception`` or ``vgg`` training preprocessing,
     or ``standard``: torchvision's RandomResizedCrop, flip and Normalize; ``standard-jitter``: with
     ColorJitter(0.4, 0.4, 0.4))
-    or a function ``fn(image, seed) -> tensor`` (see :class:`enspipe.data.preprocessing.UserPreprocess`).
+    or your own: on the tf backend a function ``fn(image, seed) -> tensor`` of TensorFlow tensors (see
+    :class:`enspipe.data.preprocessing.UserPreprocess`); on the pillow backend a torchvision
+    ``transforms.v2`` pipeline, a kornia one or any callable on one decoded image, seeded per sample
+    (see :mod:`enspipe.data.transforms`).
 
     ``backend``: ``tf`` (tf.data and TensorFlow's image ops: Slim's preprocessing, exactly) or
     ``pillow`` (Pillow and numpy, no TensorFlow: :mod:`enspipe.data.pixels`); ``auto`` (the
@@ -119,6 +125,9 @@ class StreamConfig:
             object.__setattr__(self, "decode_cache", parse_size(self.decode_cache))
         except ValueError as e:
             raise ConfigError("decode_cache", str(e), "pass decode_cache='8GB' or another size, or 0 (off)") from None
+        require(not (self.decode_cache and callable(self.preprocess) and self.backend == "pillow"), "decode_cache",
+                "a preprocess function on the pillow backend gets each image decoded in its worker, not from the cache",
+                "leave decode_cache out with your own preprocess function")
         require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
                 "pass data=DIR: Slim TFRecord shards or JPEG class folders (enspipe make-dataset makes one)")
         for name in ("batch_size", "image_size", "queue_depth", "block_images"):
@@ -168,8 +177,10 @@ class StreamConfig:
         require(self.backend in ("auto", *BACKENDS), "backend", f"unknown backend {self.backend!r}",
                 f"choose one of auto, {', '.join(BACKENDS)}")
         has_tf = tensorflow_installed()
-        if self.backend == "auto":
-            object.__setattr__(self, "backend", "tf" if has_tf else "pillow")
+        if self.backend == "auto":  # (a torch module, torchvision's or kornia's pipeline, runs on decoded arrays)
+            from enspipe.data.transforms import takes_tensor
+
+            object.__setattr__(self, "backend", "tf" if has_tf and not takes_tensor(self.preprocess) else "pillow")
         spec = BACKENDS[self.backend]
         require(not spec.needs_tensorflow or has_tf, "backend", "TensorFlow is not installed here",
                 "pip install tensorflow-cpu, or pass backend='pillow' (no TensorFlow)")
@@ -182,9 +193,6 @@ class StreamConfig:
         require(self.preprocess_impl not in APPROXIMATIONS or not callable(self.preprocess), "preprocess_impl",
                 f"{self.preprocess_impl} approximates a built-in's colour distortion; a preprocess function has its "
                 "own", "leave preprocess_impl at crop-first with a preprocess function")
-        require(spec.user_functions or not callable(self.preprocess), "preprocess", "a preprocess function takes "
-                f"TensorFlow tensors; the {self.backend} backend runs the built-ins alone", "use a built-in "
-                "(preprocess='inception', 'vgg' or 'standard'), or install TensorFlow and pass backend='tf'")
         require(spec.horovod or self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow "
                 "build", f"use transport='mpi4py' with the {self.backend} backend")
 
@@ -209,11 +217,13 @@ class StreamConfig:
         require(problem is None, "decode_cache", f"{problem}", "pass a smaller budget, or 0 (off)")
         if not self.user_preprocess:
             return manifest, self.preprocess
-        from enspipe.data.probe import PreprocessError, probe_preprocess
-
+        if BACKENDS[self.backend].user_functions == "arrays":
+            from enspipe.data.transforms import TransformError, probe as probe_preprocess
+        else:
+            from enspipe.data.probe import PreprocessError as TransformError, probe_preprocess
         try:
             return manifest, probe_preprocess(self.preprocess, manifest, self.seed)
-        except PreprocessError as e:
+        except TransformError as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
 
 

@@ -46,6 +46,25 @@ def work(preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_s
     return one, px.Undecodable
 
 
+def user_work(prep_seed: int, **transform):
+    """:func:`work` for a user's augmentation (:mod:`enspipe.data.transforms`): each image decoded
+    whole, then given to the user's function with the generators seeded for its sample."""
+    from enspipe.data import transforms
+    from enspipe.data.decoding import Undecodable, decode
+
+    fn = transforms.load(transform)
+    tensor, shape, dtype = transforms.takes_tensor(fn), tuple(transform["shape"]), np.dtype(transform["dtype"])
+
+    def one(source, position: int, sample: int, epoch: int) -> np.ndarray:
+        out = transforms.apply(fn, decode(source), transforms.sample_seed(prep_seed, position), tensor)
+        if out.shape != shape or out.dtype != dtype:
+            raise ValueError(f"preprocess {transforms.name_of(fn)} returned {out.dtype} {out.shape} for the sample at "
+                             f"stream position {position}, {dtype} {shape} for the first: return one shape and dtype")
+        return out
+
+    return one, Undecodable
+
+
 class PillowEngine:
     """Each slice's images decoded and augmented: in the stage's thread (one core), on ``threads``
     worker processes, or with a decode cache on ``threads`` threads."""
@@ -55,18 +74,26 @@ class PillowEngine:
         from enspipe.data.pixels import output_spec
 
         self.size, self.wire_dtype, self.skip_corrupt, self.cache = size, wire_dtype, skip_corrupt, cache
+        self.shape, self.dtype = output_spec(preprocessing, size, wire_dtype)
+        dtype = self.dtype
+        self.workers = self.pool = None
+        if not isinstance(preprocessing, str):  # a user's augmentation: on worker processes alone, seeded there
+            from enspipe.engine.workers import WorkerPool
+
+            self.workers = WorkerPool(max(threads, 1), f"{__name__}:user_work",
+                                      dict(prep_seed=prep_seed, **preprocessing.worker_kwargs()), self.shape, dtype,
+                                      skip_corrupt)
+            return
         kwargs = dict(preprocessing=preprocessing, size=size, fast_mode=fast_mode, wire_dtype=wire_dtype,
                       prep_seed=prep_seed, fused=fused)
         self.one, self.errors = work(**kwargs)
-        self.workers = self.pool = None
         if cache is not None and threads > 1:
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-pillow",
                                            initializer=set_thread_name, initargs=("enspipe-pillow",))
         elif threads > 1:
             from enspipe.engine.workers import WorkerPool
 
-            shape, dtype = output_spec(preprocessing, size, wire_dtype)
-            self.workers = WorkerPool(threads, f"{__name__}:work", kwargs, shape, dtype, skip_corrupt)
+            self.workers = WorkerPool(threads, f"{__name__}:work", kwargs, self.shape, dtype, skip_corrupt)
 
     def _guarded(self, encoded: bytes, position: int, sample: int, epoch: int):
         """One image in this process, or the reason it is undecodable."""
@@ -108,7 +135,7 @@ class PillowEngine:
             elif ok.any():
                 images = np.stack([x for x, good in zip(out, ok) if good])
             else:  # every image of the slice skipped
-                images = np.zeros((0, self.size, self.size, 3), np.uint8 if self.wire_dtype == "uint8" else np.float32)
+                images = np.zeros((0, *self.shape), self.dtype)
             yield item, images, meta_rows(item)[ok], time.perf_counter() - t
 
     def close(self) -> None:
