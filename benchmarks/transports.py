@@ -1,7 +1,8 @@
 """The transports side by side on All-Shared: mpi4py through node-shared memory (the default),
 mpi4py's MPI collectives alone (--no-node-shm) and torch.distributed over gloo (--transport torch).
 
-    .venv-notf/bin/python benchmarks/transports.py [--ns 2,4] [--repeats 3] [--steps 30] [--warmup 5] [--wire-dtype uint8]
+    .venv-notf/bin/python benchmarks/transports.py [--ns 2,4] [--repeats 3] [--steps 30] [--warmup 5] \
+        [--wire-dtype uint8]
 
 Runs in an environment with torch (make test-notf's .venv-notf; the pillow backend, no TensorFlow).
 Every cell is ``mpiexec -n N enspipe run --scheme all_shared --consumer peak`` on the embedded
@@ -56,7 +57,8 @@ def main() -> None:
         runs.setdefault((n, t), {})[rep] = measure(s)
         print(f"repeat {rep} n={n} {t}: {runs[(n, t)][rep]['rate']:.1f} images/s per member, "
               f"{runs[(n, t)][rep]['cpu'] * 1e3:.2f} ms CPU per image", flush=True)
-    print(f"\nAll-Shared, {a.size} px {a.wire_dtype}, batch {a.batch}, {a.steps} steps, {a.repeats} repeats: median (min-max)\n")
+    print(f"\nAll-Shared, {a.size} px {a.wire_dtype}, batch {a.batch}, {a.steps} steps, {a.repeats} repeats: "
+          "median (min-max)\n")
     print("| N | transport | path | images/s per member | CPU ms per image | exchange us per image | vs mpi4py |")
     print("|---|---|---|---|---|---|---|")
     verdicts = []

@@ -8,10 +8,11 @@ Run it with one process per member, under torchrun or MPI's launcher::
     mpiexec -n 3 python examples/train_ensemble_lightning.py ...          (the same)
 
 Every member's ``Trainer`` fits on ``stream.torch().loader()`` (a DataLoader of the stream's
-batches: one epoch each time Lightning iterates it, ``len()`` the batches per epoch), validates after every epoch, keeps a checkpoint per epoch and
-stops early when its validation loss stops improving; a member that is done serves its share of
-the batches to the others until they are done too. Each member writes ``OUT/memberK/result.json`` (its losses, its epochs, the stream's per-epoch
-ledger and what its Trainer was), its checkpoints and its CSV log.
+batches: one epoch each time Lightning iterates it, ``len()`` the batches per epoch), validates
+after every epoch, keeps a checkpoint per epoch and stops early when its validation loss stops
+improving; a member that is done serves its share of the batches to the others until they are
+done too. Each member writes ``OUT/memberK/result.json`` (its losses, its epochs, the stream's
+per-epoch ledger and what its Trainer was), its checkpoints and its CSV log.
 
 The one setting Lightning needs: ``plugins=[enspipe.lightning_member()]``. Under torchrun or
 mpiexec Lightning sees a job of several processes (its TorchElastic or MPI environment) and would
@@ -45,10 +46,10 @@ def main() -> None:
     val_x, val_y = enspipe.validation_set(a.validation_data, "inception", a.image_size)
     validation = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
         torch.from_numpy(val_x).permute(0, 3, 1, 2), torch.from_numpy(val_y).long()), batch_size=64)
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(os.path.join(out, "checkpoints"), "epoch{epoch:02d}",
+                                                      save_top_k=-1, auto_insert_metric_name=False)
     trainer = L.Trainer(devices=1, accelerator="auto", max_epochs=epochs, plugins=[enspipe.lightning_member()],
-                        callbacks=[L.pytorch.callbacks.EarlyStopping("val_loss", patience=a.patience),
-                                   L.pytorch.callbacks.ModelCheckpoint(os.path.join(out, "checkpoints"), "epoch{epoch:02d}", save_top_k=-1,
-                                                                       auto_insert_metric_name=False)],
+                        callbacks=[L.pytorch.callbacks.EarlyStopping("val_loss", patience=a.patience), checkpoints],
                         logger=L.pytorch.loggers.CSVLogger(out, name="log"), enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
     with warnings.catch_warnings():

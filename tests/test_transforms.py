@@ -71,3 +71,47 @@ def test_a_bad_augmentation_is_named_before_any_work(dataset, fn, said_):
         StreamConfig(data=dataset, batch_size=10, backend="pillow", preprocess=fn).check()
     assert e.value.field == "preprocess" and said_ in str(e.value)
     assert (np.random.get_state()[1] == state).all()  # the probe left numpy's generator as it was
+
+
+@pytest.mark.timing
+def test_the_attach_server_serves_a_users_augmentation_to_trials_that_ask_for_it(tmp_path, dataset, monkeypatch):
+    """`enspipe serve --preprocess user_transforms:crop_flip`: two trials that ask for it share it,
+    each with exact epochs of its output's shape; one that asks for another is refused, naming both."""
+    import enspipe
+    from serve_helpers import ServerProcess
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(user_transforms.__file__),
+                                                                   os.environ.get("PYTHONPATH")])))
+    server = ServerProcess(tmp_path, dataset, "--preprocess", "user_transforms:crop_flip")
+    try:
+        with pytest.raises(enspipe.ConfigError, match="preprocess: the server makes 'user_transforms:crop_flip', "
+                                                      "not 'inception'"):
+            enspipe.attach(server.sock, preprocess="inception")
+        trials = [enspipe.attach(server.sock, preprocess="user_transforms:crop_flip") for _ in range(2)]
+        for trial in trials:
+            assert trial.element_spec == ((24, 24, 3), np.dtype(np.uint8))
+        for _ in range(trials[0].steps_per_epoch):  # side by side: one preprocessing for both
+            for trial in trials:
+                images, _ = trial.next_batch()
+                assert images.shape[1:] == (24, 24, 3)
+        for trial in trials:
+            assert [(e["count"], e["missing"]) for e in trial.epochs()] == [(50, 0)]
+            trial.close()
+        assert server.stop()["total"]["sharing_factor"] > 1.5
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def test_serve_refuses_an_augmentation_it_cannot_import_or_run(tmp_path, dataset, monkeypatch):
+    from conftest import enspipe as cli
+
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(user_transforms.__file__))
+    for spec, words in (("user_transforms:nope", "user_transforms has no nope"),
+                        ("no_such_module:fn", "cannot import no_such_module"),
+                        ("user_transforms:fails", "failed on the dataset's sample 0: KeyError")):
+        r = cli("serve", "--data", dataset, "--batch-size", 8, "--socket", str(tmp_path / "z.sock"),
+                "--preprocess", spec)
+        assert r.returncode == 2 and words in r.stderr, r.stderr
+        assert not (tmp_path / "z.sock").exists()

@@ -310,8 +310,9 @@ def _agree(comm, cfg: StreamConfig) -> None:
     (collective, at the first exchange; the same verdict on every rank)."""
     from enspipe.plan.errors import ConfigError
 
-    fn = cfg.preprocess
-    pre = fn if isinstance(fn, str) else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    from enspipe.data.transforms import name_of
+
+    pre = cfg.preprocess if isinstance(cfg.preprocess, str) else name_of(cfg.preprocess)
     mine = {"backend": cfg.backend, "transport": cfg.transport, "preprocess": pre}
     everyone = comm.allgather(mine)
     for field, fix in AGREED.items():

@@ -15,7 +15,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive_int, help="samples per batch, for every consumer")
     p.add_argument("--image-size", type=positive_int, default=224)
     p.add_argument("--preprocess", default="inception", help="inception or vgg (Slim's training preprocessing), "
-                   "standard or standard-jitter (torchvision's), in Pillow and numpy")
+                   "standard or standard-jitter (torchvision's), in Pillow and numpy; or your own augmentation, "
+                   "package.module:name (a torchvision v2 or kornia pipeline, or a function of one decoded "
+                   "image; seeded per sample): every trial that asks for the same name shares it")
     p.add_argument("--wire-dtype", default="uint8", help="uint8 (a quarter of float32's memory) or float32")
     p.add_argument("--fast-mode", action="store_true", help="Slim's fast mode")
     p.add_argument("--seed", type=int, default=0)

@@ -41,11 +41,13 @@ def prepare(opts: ServeOptions, say):
     """Every check, in order; returns the dataset's manifest."""
     from enspipe.exchange.shm import shm_free_bytes
 
+    m = load_dataset(str(opts.data))
+    if opts.own_preprocess:  # imported and tried on the first samples: its output's size sizes the pool
+        opts.load_transform(m)
     problem = opts.slots_problem()
     require(problem is None, "memory", f"{problem}", "pass a larger --memory, or a smaller --batch-size")
     free = shm_free_bytes()
     require(free is None or opts.memory <= free, "memory", f"{opts.memory} bytes asked, /dev/shm has {free} free",
             "pass a smaller --memory, or free /dev/shm")
-    m = load_dataset(str(opts.data))
     claim_socket(opts.socket, say)
     return m

@@ -162,9 +162,14 @@ class SampleMaker:
         from enspipe.data.pixels import output_spec
 
         self.source, self.opts = source, opts
-        self.shape, self.dtype = output_spec(opts.preprocess, opts.image_size, opts.wire_dtype)
-        self.kwargs = dict(preprocessing=opts.preprocess, size=opts.image_size, fast_mode=opts.fast_mode,
-                           wire_dtype=opts.wire_dtype, prep_seed=opts.seed, fused=False)
+        self.shape, self.dtype = output_spec(opts.preprocessing, opts.image_size, opts.wire_dtype)
+        if opts.own_preprocess:  # a user's augmentation (enspipe.data.transforms), by its worker factory
+            self.function = "enspipe.engine.backends.pillow:user_work"
+            self.kwargs = dict(prep_seed=opts.seed, **opts.preprocessing.worker_kwargs())
+        else:
+            self.function = "enspipe.engine.backends.pillow:work"
+            self.kwargs = dict(preprocessing=opts.preprocess, size=opts.image_size, fast_mode=opts.fast_mode,
+                               wire_dtype=opts.wire_dtype, prep_seed=opts.seed, fused=False)
         self._local = threading.local()
         self._pools: list = []
         self._lock = threading.Lock()
@@ -174,8 +179,7 @@ class SampleMaker:
         if pool is None:
             from enspipe.engine.workers import WorkerPool
 
-            pool = self._local.pool = WorkerPool(1, "enspipe.engine.backends.pillow:work", self.kwargs, self.shape,
-                                                 self.dtype, skip=True)
+            pool = self._local.pool = WorkerPool(1, self.function, self.kwargs, self.shape, self.dtype, skip=True)
             with self._lock:
                 self._pools.append(pool)
         return pool

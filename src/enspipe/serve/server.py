@@ -46,7 +46,7 @@ class Server:
         from enspipe.data.pixels import output_spec
 
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
-        shape, dtype = output_spec(opts.preprocess, opts.image_size, opts.wire_dtype)
+        shape, dtype = output_spec(opts.preprocessing, opts.image_size, opts.wire_dtype)
         self.pool = Pool.create(opts.slots, shape, dtype, mode=opts.file_mode, gid=opts.gid, say=say)
         self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)
         self.lock = threading.RLock()

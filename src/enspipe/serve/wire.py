@@ -15,6 +15,9 @@ import struct
 import tempfile
 from dataclasses import dataclass
 
+import numpy as np
+
+from enspipe.common.plugins import FUNCTION_NAME
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
 from enspipe.plan.stream import BUILTIN_PREPROCESSING
@@ -108,8 +111,10 @@ class ServeOptions:
                     f"must be a positive integer, got {value!r}", f"pass {name}=N")
         require(self.workers is None or (isinstance(self.workers, int) and self.workers >= 1), "workers",
                 f"must be >= 1, got {self.workers!r}", "pass workers=K, or leave it out (this host's cores)")
-        require(self.preprocess in PREPROCESSING, "preprocess", f"unknown preprocessing {self.preprocess!r}",
-                f"choose one of {', '.join(PREPROCESSING)}")
+        require(self.preprocess in PREPROCESSING or bool(FUNCTION_NAME.match(str(self.preprocess))), "preprocess",
+                f"unknown preprocessing {self.preprocess!r}", f"choose one of {', '.join(PREPROCESSING)}, or name "
+                "your own augmentation package.module:function (see enspipe.data.transforms)")
+        object.__setattr__(self, "_transform", None)
         require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
                 f"choose one of {', '.join(WIRE_DTYPES)}")
         require(self.status_interval > 0, "status_interval", f"must be > 0, got {self.status_interval!r}",
@@ -136,9 +141,39 @@ class ServeOptions:
         return 0o600 if self.group is None else 0o640
 
     @property
+    def own_preprocess(self) -> bool:
+        """Whether ``preprocess`` names a user's augmentation (``package.module:function``)."""
+        return self.preprocess not in PREPROCESSING
+
+    @property
+    def preprocessing(self):
+        """A built-in's name, or the user's augmentation as :meth:`load_transform` found it."""
+        if not self.own_preprocess:
+            return self.preprocess
+        require(self._transform is not None, "preprocess", f"{self.preprocess} was not loaded",
+                "call load_transform(manifest) first")
+        return self._transform
+
+    def load_transform(self, manifest) -> None:
+        """Import the user's augmentation and try it on the dataset's first samples (its output's
+        shape and dtype); raises :class:`ConfigError` naming what failed."""
+        from enspipe.common.plugins import NotLoadable, load_function
+        from enspipe.data.transforms import TransformError, probe
+
+        try:
+            object.__setattr__(self, "_transform", probe(load_function(self.preprocess, "preprocess"), manifest,
+                                                         self.seed))
+        except NotLoadable as e:
+            raise ConfigError("preprocess", e.problem, e.fix) from None
+        except TransformError as e:
+            raise ConfigError("preprocess", e.problem, e.fix) from None
+
+    @property
     def sample_bytes(self) -> int:
-        itemsize = 4 if self.wire_dtype == "float32" else 1
-        return self.image_size * self.image_size * 3 * itemsize
+        from enspipe.data.pixels import output_spec
+
+        shape, dtype = output_spec(self.preprocessing, self.image_size, self.wire_dtype)
+        return int(np.prod(shape)) * dtype.itemsize
 
     @property
     def slots(self) -> int:
