@@ -167,6 +167,37 @@ def test_the_optuna_example_runs_a_search_whose_trials_share_the_server(tmp_path
     assert "server (stopped)" in r.stdout and factor > 1.2, r.stdout
 
 
+def test_the_ray_tune_example_runs_a_search_whose_trials_share_the_server(tmp_path):
+    """examples/ray_tune_search.py: 4 trials of a torch model, 2 at a time in Ray's actor
+    processes, under ASHA; every trial's epochs exact, each trial's epochs within the limit, and
+    the server's deliveries the trials' samples, shared (factor above 1)."""
+    pytest.importorskip("ray.tune", reason="Ray Tune is not installed here (pip install 'ray[tune]'): the "
+                        "example's test skips")
+    pytest.importorskip("torch", reason="the example trains a torch model (pip install torch)")
+    import shutil
+    import tempfile
+
+    from enspipe.data.synthetic import make_dataset
+
+    data = str(tmp_path / "d160")
+    make_dataset(data, 160, seed=1, num_classes=10, images_per_shard=80)
+    runtime = tempfile.mkdtemp(prefix="enspipe-")  # the example's own server socket, in a short path (< 108 bytes)
+    try:
+        r = subprocess.run([sys.executable, os.path.join(HERE, "..", "examples", "ray_tune_search.py"), "--data", data,
+                            "--trials", "4", "--concurrent", "2", "--epochs", "3", "--out", str(tmp_path / "out.json")],
+                           capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, XDG_RUNTIME_DIR=runtime, RAY_USAGE_STATS_ENABLED="0"))
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert len(out["trials"]) == 4
+    for t in out["trials"]:
+        assert t["error"] is None and 1 <= t["epochs"] <= 3 and t["exact_epochs"] == t["epochs"], t
+    assert out["server"]["delivered"] >= 160 * sum(t["epochs"] for t in out["trials"])
+    assert out["server"]["sharing_factor"] > 1.0, out["server"]
+
+
 def test_an_attached_stream_as_torch_tensors_and_jax_arrays(server, dataset):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
     import enspipe

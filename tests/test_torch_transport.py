@@ -119,3 +119,12 @@ def test_a_cell_over_the_torch_transport_trains_and_says_so(dataset, tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["transport"] == "torch" and s["delivery"]["exactly_once"]
     assert [rank["exchange_paths"] for rank in s["ranks"]] == [{"0,1": "torch-gloo"}] * 2
+
+
+def test_a_torch_world_of_another_size_than_mpis_is_refused(dataset, tmp_path):
+    """Under mpiexec -n 2 with torch's env:// variables for 3 processes: refused, naming both sizes."""
+    cases = {"c": ("checksums", {"data": dataset, **COMMON, "transport": "torch"})}
+    env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+    r, res = _launch("mpiexec", 2, tmp_path, cases, timeout=120, env=env)
+    assert r.returncode != 0 and res["c"] == []
+    assert "--transport: torch's WORLD_SIZE=3 is not the 2 members MPI launched" in r.stderr, said(r)

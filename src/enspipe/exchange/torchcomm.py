@@ -63,8 +63,13 @@ def init_torch(comm=None) -> None:
     from enspipe.plan.errors import ConfigError
 
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (None, None)
+    from_env = all(k in os.environ for k in TORCH_ENV)
+    if not dist.is_initialized() and from_env and comm is not None and os.environ["WORLD_SIZE"] != str(size):
+        raise ConfigError("transport", f"torch's WORLD_SIZE={os.environ['WORLD_SIZE']} is not the {size} members "
+                          "MPI launched", f"launch {os.environ['WORLD_SIZE']} members, or unset "
+                          f"{', '.join(TORCH_ENV)} (the members then meet at a port rank 0 names over MPI)")
     if not dist.is_initialized():
-        if all(k in os.environ for k in TORCH_ENV) and (comm is None or int(os.environ["WORLD_SIZE"]) == size):
+        if from_env:
             dist.init_process_group("gloo", init_method="env://", timeout=TIMEOUT)
         elif comm is not None:
             where = comm.bcast(_free_port() if rank == 0 else None, root=0)
