@@ -1,4 +1,4 @@
-"""The shared stream: what a member's own training script iterates, under ``mpiexec``/``srun``.
+"""The shared stream: what a member's own training script iterates, under ``mpiexec``/``srun`` or ``torchrun``.
 
 Every rank of the job is one member of the ensemble. Each builds its own model, loss and optimizer;
 all of them read one shuffled stream of the same global batches, whose preprocessing the scheme
@@ -308,9 +308,8 @@ AGREED = {  # what every member must share, and how to make them agree
 def _agree(comm, cfg: StreamConfig) -> None:
     """Every member preprocesses with one backend and preprocessing, and exchanges over one transport
     (collective, at the first exchange; the same verdict on every rank)."""
-    from enspipe.plan.errors import ConfigError
-
     from enspipe.data.transforms import name_of
+    from enspipe.plan.errors import ConfigError
 
     pre = cfg.preprocess if isinstance(cfg.preprocess, str) else name_of(cfg.preprocess)
     mine = {"backend": cfg.backend, "transport": cfg.transport, "preprocess": pre}
