@@ -21,17 +21,16 @@ process, rank 0, so each member trains its own model and saves its own checkpoin
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import warnings
 
 import enspipe
-from train_ensemble_torch import MODELS
+from train_ensemble_torch import MODELS, _args
 
 
 def main() -> None:
-    a = _args()
+    a = _args(__doc__)
     # uint8 on the wire: 4x less to exchange; the model sees x / 127.5 - 1, inception's [-1, 1]
     stream = enspipe.SharedStream(a.data, batch_size=a.batch_size, scheme=a.scheme, image_size=a.image_size,
                                   preprocess="inception", seed=a.seed, wire_dtype="uint8")
@@ -105,22 +104,6 @@ def _module(net, lr: float):
             return torch.optim.SGD(self.parameters(), lr=lr)
 
     return Member()
-
-
-def _args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", required=True, help="training dataset (enspipe make-dataset, or image class folders)")
-    p.add_argument("--validation-data", required=True, help="a small dataset each member validates on")
-    p.add_argument("--out", required=True, help="where each member writes its checkpoints and result.json")
-    p.add_argument("--epochs", default="3", type=lambda s: [int(x) for x in s.split(",")],
-                   help="epochs per member: one number for all, or one per member (3,1,2)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--patience", type=int, default=2, help="epochs without a better validation loss before stopping")
-    p.add_argument("--scheme", default="all_shared", help="how the members share preprocessing")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
 
 
 if __name__ == "__main__":

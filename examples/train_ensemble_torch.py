@@ -108,8 +108,9 @@ def _out(a, member: int) -> str:
     return out
 
 
-def _args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _args(doc: str = __doc__) -> argparse.Namespace:
+    """The members' options (the Lightning example's too; ``doc``: the script's docstring)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--data", required=True, help="training dataset (enspipe make-dataset, or image class folders)")
     p.add_argument("--validation-data", required=True, help="a small dataset each member validates on")
     p.add_argument("--out", required=True, help="where each member writes its checkpoints and result.json")

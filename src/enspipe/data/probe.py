@@ -8,14 +8,7 @@ import tensorflow as tf
 from enspipe.data.manifest import Manifest
 from enspipe.data.preprocessing import UserPreprocess, decode
 from enspipe.data.parse import first_images
-
-
-class PreprocessError(ValueError):
-    """A user's preprocessing failed its probe: ``problem`` says how, ``fix`` what to do."""
-
-    def __init__(self, problem: str, fix: str):
-        self.problem, self.fix = problem, fix
-        super().__init__(f"{problem}; {fix}")
+from enspipe.data.transforms import PreprocessError
 
 
 def probe_preprocess(fn, m: Manifest, seed: int) -> UserPreprocess:

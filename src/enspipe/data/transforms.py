@@ -17,7 +17,7 @@ member's worker processes, seeded per sample.
   level must be guarded by ``if __name__ == "__main__":`` (as ``DataLoader`` under spawn asks).
 * **Tried first.** :func:`probe` runs it on the dataset's first samples before any member starts
   (the generators' states restored after): one that raises, cannot be pickled, or returns
-  changing shapes is named in a :class:`~enspipe.data.probe.PreprocessError`-like error.
+  changing shapes is named in a :class:`PreprocessError`.
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ from enspipe.data.manifest import Manifest
 MAX_PICKLE = 128 * 1024  # bytes: a pipeline travels to each worker in its first message
 
 
-class TransformError(ValueError):
-    """A user's augmentation failed its probe: ``problem`` says how, ``fix`` what to do."""
+class PreprocessError(ValueError):
+    """A user's preprocessing failed its probe (this module's, or the tf backend's in
+    :mod:`enspipe.data.probe`): ``problem`` says how, ``fix`` what to do."""
 
     def __init__(self, problem: str, fix: str):
         self.problem, self.fix = problem, fix
@@ -101,7 +102,7 @@ def apply(fn, image: np.ndarray, seed: int, tensor: bool) -> np.ndarray:
 
 def probe(fn, m: Manifest, seed: int) -> ArrayPreprocess:
     """``fn`` tried on the dataset's first samples (the generators' states kept as they were);
-    returns it with its output's shape and dtype, or raises :class:`TransformError` naming it."""
+    returns it with its output's shape and dtype, or raises :class:`PreprocessError` naming it."""
     from enspipe.data.decoding import decode
     from enspipe.data.parse import first_images
 
@@ -109,11 +110,11 @@ def probe(fn, m: Manifest, seed: int) -> ArrayPreprocess:
     try:
         pickled = pickle.dumps(fn)
     except Exception as e:  # noqa: BLE001 - pickle raises several kinds
-        raise TransformError(f"preprocess {name} cannot be sent to the worker processes ({type(e).__name__}: {e})",
+        raise PreprocessError(f"preprocess {name} cannot be sent to the worker processes ({type(e).__name__}: {e})",
                              "define it at a module's top level (not a lambda or a nested function), or pass a "
                              "transforms pipeline object") from None
     if len(pickled) > MAX_PICKLE:
-        raise TransformError(f"preprocess {name} pickles to {len(pickled)} bytes, more than {MAX_PICKLE}",
+        raise PreprocessError(f"preprocess {name} pickles to {len(pickled)} bytes, more than {MAX_PICKLE}",
                              "keep large tables out of it: load them in the function from a file")
     tensor, outs = takes_tensor(fn), []
     with _generators_kept():
@@ -122,14 +123,14 @@ def probe(fn, m: Manifest, seed: int) -> ArrayPreprocess:
                 outs.append(apply(fn, decode(encoded), sample_seed(seed, position), tensor))
             except Exception as e:  # noqa: BLE001 - whatever the user's code raised, named
                 given = "a uint8 tensor (3, H, W)" if tensor else "a uint8 array (H, W, 3)"
-                raise TransformError(f"preprocess {name} failed on the dataset's sample {position}: "
+                raise PreprocessError(f"preprocess {name} failed on the dataset's sample {position}: "
                                      f"{type(e).__name__}: {e}", f"fix the function: it gets {given}") from None
     kinds = sorted({(tuple(x.shape), str(x.dtype)) for x in outs})
     if len(kinds) > 1:
-        raise TransformError(f"preprocess {name} returned {kinds} for the dataset's first {len(outs)} samples",
+        raise PreprocessError(f"preprocess {name} returned {kinds} for the dataset's first {len(outs)} samples",
                              "return one shape and dtype for every sample (resize or crop to a fixed size)")
     if outs[0].dtype.kind not in "biuf" or outs[0].ndim == 0:
-        raise TransformError(f"preprocess {name} returned {outs[0].dtype} of shape {outs[0].shape}",
+        raise PreprocessError(f"preprocess {name} returned {outs[0].dtype} of shape {outs[0].shape}",
                              "return a numeric tensor or array per image")
     return ArrayPreprocess(fn, tuple(outs[0].shape), outs[0].dtype)
 

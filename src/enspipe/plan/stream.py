@@ -217,13 +217,15 @@ class StreamConfig:
         require(problem is None, "decode_cache", f"{problem}", "pass a smaller budget, or 0 (off)")
         if not self.user_preprocess:
             return manifest, self.preprocess
+        from enspipe.data.transforms import PreprocessError
+
         if BACKENDS[self.backend].user_functions == "arrays":
-            from enspipe.data.transforms import TransformError, probe as probe_preprocess
+            from enspipe.data.transforms import probe as probe_preprocess
         else:
-            from enspipe.data.probe import PreprocessError as TransformError, probe_preprocess
+            from enspipe.data.probe import probe_preprocess
         try:
             return manifest, probe_preprocess(self.preprocess, manifest, self.seed)
-        except TransformError as e:
+        except PreprocessError as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
 
 

@@ -158,14 +158,12 @@ class ServeOptions:
         """Import the user's augmentation and try it on the dataset's first samples (its output's
         shape and dtype); raises :class:`ConfigError` naming what failed."""
         from enspipe.common.plugins import NotLoadable, load_function
-        from enspipe.data.transforms import TransformError, probe
+        from enspipe.data.transforms import PreprocessError, probe
 
         try:
             object.__setattr__(self, "_transform", probe(load_function(self.preprocess, "preprocess"), manifest,
                                                          self.seed))
-        except NotLoadable as e:
-            raise ConfigError("preprocess", e.problem, e.fix) from None
-        except TransformError as e:
+        except (NotLoadable, PreprocessError) as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
 
     @property
