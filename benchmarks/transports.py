@@ -1,5 +1,6 @@
 """The transports side by side on All-Shared: mpi4py through node-shared memory (the default),
-mpi4py's MPI collectives alone (--no-node-shm) and torch.distributed over gloo (--transport torch).
+mpi4py's MPI collectives alone (--no-node-shm), torch.distributed's members through their shared
+ring of slots (--transport torch) and over gloo alone (--transport torch --no-node-shm).
 
     .venv-notf/bin/python benchmarks/transports.py [--ns 2,4] [--repeats 3] [--steps 30] [--warmup 5] \
         [--wire-dtype uint8]
@@ -23,7 +24,7 @@ import numpy as np
 from cells import dataset, run_cell, schedule, spread
 
 TRANSPORTS = {"mpi4py": ["--transport", "mpi4py"], "mpi4py-mpi": ["--transport", "mpi4py", "--no-node-shm"],
-              "torch": ["--transport", "torch"]}
+              "torch": ["--transport", "torch"], "torch-gloo": ["--transport", "torch", "--no-node-shm"]}
 
 
 def measure(s: dict) -> dict:
@@ -69,7 +70,7 @@ def main() -> None:
         print(f"| {n} | {t} | {'+'.join(r[reps[0]]['paths'])} | {spread([r[k]['rate'] for k in reps], digits=1)} | "
               f"{spread([r[k]['cpu'] for k in reps], 1e3)} | {spread([r[k]['exchange'] for k in reps], 1e6, 0)} | "
               f"{spread(ratio)} |")
-        if t == "torch":
+        if t == "torch":  # (the default path within a node)
             verdicts.append((n, float(np.median(ratio)), max(ratio)))
     print()
     for n, med, top in verdicts:

@@ -67,14 +67,18 @@ def _framework_rows(stream, mode: str, layout: str, epochs: int) -> dict:
 
 def _kept_rows(stream, steps: int, pause: float = 0) -> dict:
     """``keep`` / ``checksums`` mode: STEPS batches kept, each checked when it came and at the end."""
+    def checksum(images, meta):  # (a batch exchanged on a torch device: its pixels in host memory)
+        return batch_checksum(Batch(images if isinstance(images, np.ndarray) else images.cpu().numpy(), meta))
+
     kept, rows = [], []
     for _ in range(steps):
         images, meta = stream._next(keep=True)
-        kept.append((images, meta, batch_checksum(Batch(images, meta))))
+        kept.append((images, meta, checksum(images, meta)))
         time.sleep(pause)
     for images, meta, first in kept:
-        rows.append({"first": first, "last": batch_checksum(Batch(images, meta)),
-                     "read_only": not images.flags.writeable and not meta.flags.writeable,
+        host = isinstance(images, np.ndarray)
+        rows.append({"first": first, "last": checksum(images, meta), "type": type(images).__module__.split(".")[0],
+                     "read_only": not (host and images.flags.writeable) and not meta.flags.writeable,
                      "shape": list(images.shape), "dtype": str(images.dtype)})
     replaced = getattr(stream._transport, "ring", None)
     return {"rows": rows, "epochs": stream.epochs(), "spec": [list(stream.element_spec[0]), str(stream.element_spec[1])],

@@ -37,6 +37,10 @@ def test_torch_tensors_in_each_layout_carry_the_same_batches(dataset, tmp_path):
             assert row["channels_last"] == (layout == "channels_last")
         digests[layout] = [r["first"] for r in res[0]["rows"]]
     assert digests["NHWC"] == digests["channels_last"] == digests["NCHW"]
+    # exchanged as torch tensors (device='cpu': the path NCCL's GPU tensors take): yielded as they are
+    (tmp_path / "tensors").mkdir()
+    res = _run("torch", tmp_path / "tensors", data=dataset, layout="channels_last", transport="torch", device="cpu")
+    assert res[0]["rows"][0]["channels_last"] and [r["first"] for r in res[0]["rows"]] == digests["NHWC"]
 
 
 @pytest.mark.mpi

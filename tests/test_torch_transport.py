@@ -41,8 +41,7 @@ def _launch(launcher: str, n: int, out, cases: dict, timeout: float = 400, env: 
                       if p.exists()] for name in cases}
 
 
-def _cases(dataset, transport: str | None) -> dict:
-    extra = {"transport": transport} if transport else {}
+def _cases(dataset, extra: dict) -> dict:
     return {name: ("checksums", {"data": dataset, **COMMON, **o, **extra}) for name, o in CASES.items()}
 
 
@@ -50,27 +49,39 @@ def _batches(res: list[dict]) -> list[list[str]]:
     return [[row["first"] for row in m["rows"]] for m in res]
 
 
+# launcher, options, each group's path, the batches' type
+RUNS = {"torchrun": ("torchrun", {}, "torch-shm", "numpy"),
+        "mpiexec_torch": ("mpiexec", {"transport": "torch"}, "torch-shm", "numpy"),
+        "gloo": ("torchrun", {"node_shm": False}, "torch-gloo", "numpy"),
+        # the device paths (a GPU's shared ring, NCCL) with torch CPU tensors
+        "tensors": ("torchrun", {"device": "cpu"}, "torch-shm", "torch"),
+        "gloo_tensors": ("torchrun", {"device": "cpu", "node_shm": False}, "torch-gloo", "torch")}
+
+
 @pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_every_scheme_over_torch_gives_mpi4pys_batches_bit_for_bit(dataset, tmp_path, n):
-    """The same cases under mpiexec with mpi4py (the reference), under torchrun (torch by
-    default) and under mpiexec with transport='torch': every member's batches are identical."""
+    """The same cases under mpiexec with mpi4py (the reference), and over the torch transport:
+    under torchrun (its default) and mpiexec, through the members' shared ring of slots and
+    through gloo, as numpy arrays and as torch tensors (device='cpu'). Every member's batches are
+    identical, each sample once per epoch, and a kept batch never changes."""
     runs = {}
-    for name, launcher, transport in (("mpi4py", "mpiexec", None), ("torchrun", "torchrun", None),
-                                      ("mpiexec_torch", "mpiexec", "torch")):
+    for name, (launcher, extra, *_) in {"mpi4py": ("mpiexec", {}), **RUNS}.items():
         out = tmp_path / name
         out.mkdir()
-        r, res = _launch(launcher, n, out, _cases(dataset, transport))
+        r, res = _launch(launcher, n, out, _cases(dataset, extra))
         assert r.returncode == 0, f"{name}: {said(r)}"
         runs[name] = res
     for case in CASES:
         reference = runs["mpi4py"][case]
         assert len(reference) == n
-        for name in ("torchrun", "mpiexec_torch"):
+        assert {row["type"] for m in reference for row in m["rows"]} == {"numpy"}
+        for name, (_, _, path, kind) in RUNS.items():
             res = runs[name][case]
             assert len(res) == n, (name, case)
             assert _batches(res) == _batches(reference), (name, case)
+            assert {row["type"] for m in res for row in m["rows"]} == {kind}, (name, case)
             for m in res:
-                assert set(m["paths"].values()) == {"torch-gloo"}, (name, case)
+                assert set(m["paths"].values()) == {path}, (name, case)
                 assert [(e["count"], e["missing"]) for e in m["epochs"]][:2] == [(50, 0), (50, 0)], (name, case)
                 assert all(row["first"] == row["last"] and row["read_only"] for row in m["rows"])
         assert all(b == _batches(reference)[0] for b in _batches(reference)), case  # one stream, shared
@@ -118,7 +129,7 @@ def test_a_cell_over_the_torch_transport_trains_and_says_so(dataset, tmp_path):
     assert r.returncode == 0, said(r)
     s = json.loads((out / "summary.json").read_text())
     assert s["transport"] == "torch" and s["delivery"]["exactly_once"]
-    assert [rank["exchange_paths"] for rank in s["ranks"]] == [{"0,1": "torch-gloo"}] * 2
+    assert [rank["exchange_paths"] for rank in s["ranks"]] == [{"0,1": "torch-shm"}] * 2
 
 
 def test_a_torch_world_of_another_size_than_mpis_is_refused(dataset, tmp_path):
@@ -128,3 +139,54 @@ def test_a_torch_world_of_another_size_than_mpis_is_refused(dataset, tmp_path):
     r, res = _launch("mpiexec", 2, tmp_path, cases, timeout=120, env=env)
     assert r.returncode != 0 and res["c"] == []
     assert "--transport: torch's WORLD_SIZE=3 is not the 2 members MPI launched" in r.stderr, said(r)
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"device": "cuda"}, "--device: the mpi4py transport exchanges batches in host memory"),
+    ({"device": "gpu0", "transport": "torch"}, "--device: 'gpu0' is not a device the batches can be exchanged on"),
+    ({"device": "cuda:0", "transport": "torch"}, "--device: CUDA is not available here")])
+def test_a_device_the_batches_cannot_be_exchanged_on_is_refused_naming_it(dataset, options, says):
+    import torch
+
+    from enspipe.plan.errors import ConfigError
+    from enspipe.plan.stream import StreamConfig
+
+    if "CUDA" in says and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError) as e:
+        StreamConfig(data=dataset, batch_size=10, **options)
+    assert says in str(e.value)
+
+
+def test_members_that_would_share_a_gpu_over_nccl_are_refused_naming_them():
+    """NCCL refuses two ranks on one GPU: a group whose members are not all on one GPU (the shared
+    ring's case) may have no two on one. GPUs are told apart by identity (CUDA_VISIBLE_DEVICES
+    renumbers them per process) and host, before any group is made."""
+    from enspipe.exchange.torchdist import _check_gpus, shared_gpus
+    from enspipe.plan.errors import ConfigError
+
+    assert shared_gpus([("a", "GPU-1"), ("a", "GPU-2"), ("b", "GPU-1"), ("a", "GPU-1"), ("a", None),
+                        ("a", None)]) == {("a", "GPU-1"): [0, 3]}
+    on_one = [("node7", "GPU-1")] * 2 + [("node8", "GPU-2"), ("node8", "GPU-3")]
+    _check_gpus([(0, 1), (2, 3)], on_one)  # one group on one GPU (its ring), one over NCCL on two
+    with pytest.raises(ConfigError) as e:
+        _check_gpus([(0, 1, 2, 3)], on_one)
+    assert ("--device: members [0, 1] would exchange on one GPU (GPU-1 on node7) with others of their group "
+            "elsewhere, and NCCL refuses two ranks on one GPU") in str(e.value)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu.sh runs it)")
+def test_members_on_one_gpu_share_its_ring_through_cuda_ipc(dataset, tmp_path):
+    """Two members on one GPU (device='cuda'): every scheme through the ring of slots on the GPU
+    (torch-ipc), each member's batches bit for bit mpi4py's, each sample once per epoch."""
+    runs = {}
+    for name, launcher, extra in (("mpi4py", "mpiexec", {}), ("ipc", "torchrun", {"device": "cuda"})):
+        (tmp_path / name).mkdir()
+        r, runs[name] = _launch(launcher, 2, tmp_path / name, _cases(dataset, extra))
+        assert r.returncode == 0, f"{name}: {said(r)}"
+    for case in CASES:
+        res = runs["ipc"][case]
+        assert _batches(res) == _batches(runs["mpi4py"][case]), case
+        for m in res:
+            assert set(m["paths"].values()) == {"torch-ipc"} and {row["type"] for row in m["rows"]} == {"torch"}
+            assert [(e["count"], e["missing"]) for e in m["epochs"]][:2] == [(50, 0), (50, 0)], case

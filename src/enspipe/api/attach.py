@@ -160,7 +160,8 @@ class AttachedStream(StreamAdapters):
         images.flags.writeable = meta.flags.writeable = False
         return images, meta[:, 1]
 
-    def _batches(self, writable: bool):
+    def _batches(self, writable: bool, tensors: bool = False):
+        """One epoch of numpy batches (``tensors``: the same; an attached stream's are in host memory)."""
         while True:
             images, meta, end = self._next()
             if not writable:

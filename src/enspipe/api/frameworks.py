@@ -44,9 +44,10 @@ class TorchBatches:
 
     ``layout``: ``NHWC`` (the wire's, no copy), ``channels_last`` (NCHW shape over NHWC memory,
     no copy; PyTorch's fast layout for convolutions) or ``NCHW`` (contiguous, a copy). Labels are
-    int64. ``device``: where the tensors go (``None``: the CPU). For a CUDA device the batch is
-    copied into one of two pinned staging buffers allocated once, then to the device without
-    blocking the host; the copy has finished when the batch is yielded. Usable where a
+    int64. ``device``: where the tensors go (``None``: where the stream's batches are: the CPU, or
+    the GPU a ``SharedStream(device=...)`` exchanges on, with no copy). A batch in host memory bound
+    for a CUDA device is copied into one of two pinned staging buffers allocated once, then to the
+    device without blocking the host; the copy has finished when the batch is yielded. Usable where a
     ``DataLoader`` is iterated (it has ``len()`` and yields tensors).
     """
 
@@ -68,14 +69,22 @@ class TorchBatches:
     def __len__(self) -> int:
         return len(self.stream)
 
-    def _host(self, images: np.ndarray, labels: np.ndarray):
+    def _tensors(self, images, labels):
+        """The batch as tensors where it is: a view of a host array's private buffer (no copy, no
+        warning), or the exchange's tensor on its device."""
         torch = self.torch
-        x = torch.from_numpy(images)  # a writable view of the batch's private buffer: no copy, no warning
+        x = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
         if self.layout != "NHWC":
             x = x.permute(0, 3, 1, 2)  # channels_last: an NCHW view over NHWC memory
             if self.layout == "NCHW":
                 x = x.contiguous()
-        return x, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
+        y = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
+        return x, (y if x.device.type == "cpu" else y.to(x.device))
+
+    def _there(self, x) -> bool:
+        """Whether ``x`` is on the device asked for (None: wherever the stream's batches are)."""
+        d = self.device
+        return d is None or (x.device.type == d.type and (d.index is None or x.device.index == d.index))
 
     def _to_device(self, x, y, slot: int):
         """Through the slot's pinned buffers to the device, without blocking the host."""
@@ -94,12 +103,14 @@ class TorchBatches:
         return gx, gy, done
 
     def __iter__(self):
-        on_cuda = self.device is not None and self.device.type == "cuda"
         ahead = None  # the batch whose copy to the device is in flight
-        for step, (images, labels) in enumerate(self.stream._batches(writable=True)):
-            x, y = self._host(images, labels)
-            if not on_cuda:
-                yield (x, y) if self.device is None else (x.to(self.device), y.to(self.device))
+        for step, (images, labels) in enumerate(self.stream._batches(writable=True, tensors=True)):
+            x, y = self._tensors(images, labels)
+            if self._there(x):
+                yield x, y
+                continue
+            if self.device.type != "cuda" or x.device.type != "cpu":
+                yield x.to(self.device), y.to(self.device)
                 continue
             sent = self._to_device(x, y, step % 2)
             if ahead is not None:

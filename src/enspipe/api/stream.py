@@ -72,7 +72,10 @@ class SharedStream(StreamAdapters):
 
     Batches are ``(images, labels)`` numpy arrays, read-only. They stay valid for as long as you
     hold them: the exchange's buffers are pinned while referenced, and node-shared memory is
-    copied out, so a kept batch never changes.
+    copied out, so a kept batch never changes. With ``transport="torch", device="cuda"`` the
+    batches are exchanged on the member's GPU: :meth:`torch` yields them there as tensors of the
+    member's own (nothing else refers to them, so writing is safe), and numpy iteration copies them
+    to host memory.
     """
 
     def __init__(self, data, batch_size: int, *, comm=None, peer_timeout: float = 30.0, malloc: str = "keep",
@@ -144,13 +147,16 @@ class SharedStream(StreamAdapters):
         images, meta = self._next(keep=True)
         return images, meta[:, 3]
 
-    def _batches(self, writable: bool):
+    def _batches(self, writable: bool, tensors: bool = False):
         """One epoch of kept ``(images, labels)``; ``writable``: as writable arrays (views of a
-        buffer private to the batch, or a copy where the buffer is read-only)."""
+        buffer private to the batch, or a copy where the buffer is read-only); ``tensors``: images
+        exchanged on a torch device (``device``) as those tensors, else copied to host numpy."""
         for _ in range(self.steps_per_epoch):
             images, meta = self._next(keep=True)
-            if writable:
-                images = _writable(images)
+            if not (tensors and _is_tensor(images)):
+                images = _host(images)
+                if writable:
+                    images = _writable(images)
             yield images, meta[:, 3]
 
     def _endless(self):
@@ -159,7 +165,7 @@ class SharedStream(StreamAdapters):
                 images, meta = self._next(keep=False)  # tf.data copies each batch as it is yielded
             except StreamClosed:
                 return
-            yield images, meta[:, 3]
+            yield _host(images), meta[:, 3]
 
     @property
     def _dataset_batch(self) -> int:
@@ -220,6 +226,7 @@ class SharedStream(StreamAdapters):
         self.malloc = set_malloc(malloc)
         where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
         _agree(comm, cfg)
+        self.device = _exchange_device(cfg, where)
         nodes = node_groups(comm.allgather(where.mpi_node))
         self.planned = _plan(cfg, comm, where, len(nodes)) if cfg.scheme == AUTO else None
         scheme, p = (self.planned["scheme"], self.planned["p"]) if self.planned else (cfg.scheme, cfg.preprocessors)
@@ -234,7 +241,8 @@ class SharedStream(StreamAdapters):
                 "stack is in its log)")).start()
         self._events = _events(log_dir, comm.Get_rank())
         self._transport, self._pipeline = build_pipeline(comm, self.scheme, self.manifest, self._preprocessing, cfg,
-                                                         threads or where.threads, self._events)
+                                                         threads or where.threads, self._events,
+                                                         device=self.device)
         self._ledger = EpochLedger(self.manifest.num_images)
         shape, dtype = self.element_spec
         from enspipe.exchange.engine import BufferRing
@@ -256,6 +264,12 @@ class SharedStream(StreamAdapters):
             raise StreamClosed("the stream is closed") from None
         self._ledger.add(batch.meta[:, 0], batch.meta[:, 1])
         images, meta = batch.images, batch.meta
+        if _is_tensor(images):  # on the exchange's device: a tensor of this member's own
+            if batch.volatile:  # a shared slot on the device: copied there, once
+                images, meta = images.clone(), meta.copy()
+            meta = meta.view()
+            meta.flags.writeable = False
+            return images, meta
         if keep and batch.volatile:
             out = self._keep.take(len(batch))
             out.images[...] = images
@@ -286,6 +300,30 @@ class SharedStream(StreamAdapters):
                 self.close()
             except Exception as e:  # noqa: BLE001 - at exit: say it, take the job down
                 self._abort(f"member {self.member}: closing the stream at exit failed: {type(e).__name__}: {e}")
+
+
+def _is_tensor(a) -> bool:
+    return not isinstance(a, np.ndarray)
+
+
+def _host(a) -> np.ndarray:
+    """``a`` as a read-only numpy array: itself, or a torch tensor's copy in host memory (a view
+    of a CPU tensor's)."""
+    if not _is_tensor(a):
+        return a
+    out = a.cpu().numpy()
+    out.flags.writeable = False
+    return out
+
+
+def _exchange_device(cfg: StreamConfig, where):
+    """The torch device this member exchanges on (None: host memory): ``cfg.device``, with
+    ``cuda`` resolved to the member's own GPU by its rank on its host."""
+    if cfg.device is None:
+        return None
+    from enspipe.exchange.torchdist import member_device
+
+    return member_device(cfg.device, where.host_rank)
 
 
 def _writable(a: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ SKIPPED = "skipped"
 SERVICE = "service"
 MEMBER_EPOCH = "member_epoch"
 END = "end"
+DECODES = "decodes"
 
 EVENTS: dict[str, str] = {
     CONFIG: "first record: the run's configuration, scheme, role, placement, share and dataset",
@@ -37,6 +38,7 @@ EVENTS: dict[str, str] = {
     MEMBER_EPOCH: "--member-epochs: the member trained another epoch: its epochs so far, validation loss, whether "
                   "it converged (early stopping), the checkpoint written, the step from which it idles",
     END: "the rank is done (with the failure, if an epoch came up short)",
+    DECODES: "the gpu backend's images decoded on its device and on the CPU (those nvJPEG refused), at its end",
 }
 
 # -- summary.json: the cell, written by rank 0 last and atomically --------------------------------

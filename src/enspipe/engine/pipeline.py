@@ -82,13 +82,14 @@ class Pipeline:
                  preprocessing: "str | UserPreprocess", image_size: int, threads: int, order_seed: int, prep_seed: int,
                  shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
                  wire_dtype: str, sample_interval: float, events, backend: str = "tf", impl: str = "crop-first",
-                 cache=None):
+                 cache=None, device=None):
         self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
         self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
         self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
         self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
         self.sample_interval, self.events, self.backend, self.impl = sample_interval, events, backend, impl
         self.cache = cache  # a DecodeCache, or None
+        self.device = device  # the torch device the exchange takes batches on (None: host memory)
         self.backend_module = backend_module(backend)
         if BACKENDS[backend].needs_tensorflow:  # here, not first in a stage thread: two importing at once deadlock
             import tensorflow  # noqa: F401
@@ -99,7 +100,7 @@ class Pipeline:
                              wire_dtype=wire_dtype, impl=impl, order_seed=order_seed, prep_seed=prep_seed,
                              shuffle_buffer=shuffle_buffer, skip_corrupt=skip_corrupt, batch=batch, share=self.share,
                              unit=self.unit, threads=threads, depth=queue_depth, image_shape=self.image_shape,
-                             image_dtype=self.image_dtype, cache=cache)
+                             image_dtype=self.image_dtype, cache=cache, device=device)
         self.is_preprocessor = self.share[1] > self.share[0]
         self.queues = {name: queue.Queue(queue_depth) for name in QUEUES}
         self.depth = queue_depth
@@ -188,7 +189,7 @@ class Pipeline:
                     images, meta = self._drop_skipped(raw, images, meta)
                 self.preprocessed += len(meta)
                 self.clock.add("preprocess", took)
-                images, meta = np.ascontiguousarray(images), np.ascontiguousarray(meta)
+                images, meta = self._handed(images), np.ascontiguousarray(meta)
                 # the unit's slices, as views (a slice that lost skipped images is alone in its unit)
                 ends = [len(meta)] if self.unit == 1 else [self.spec.slice_len * (i + 1) for i in range(self.unit)]
                 for lo, hi in zip([0, *ends[:-1]], ends):
@@ -198,9 +199,18 @@ class Pipeline:
                 raise Stopped from None
             raise
 
+    def _handed(self, images):
+        """A slice's images as the exchange takes them: contiguous, and in host memory unless the
+        exchange is on a device (a backend on the GPU makes tensors there)."""
+        if isinstance(images, np.ndarray):
+            return np.ascontiguousarray(images)
+        return images.contiguous() if self.device is not None else images.cpu().numpy()
+
     def _end_preprocessing(self) -> None:
         engine, self._prep_engine = self._prep_engine, None
         if engine is not None:
+            if hasattr(engine, "decodes"):
+                self.events.log(keys.DECODES, **engine.decodes)
             engine.close()
 
     def _drop_skipped(self, raw: dict, images, meta):
@@ -324,13 +334,14 @@ class Pipeline:
 
 
 def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, threads: int, events,
-                   steps: int | None = None, reduce_groups: tuple = ()):
+                   steps: int | None = None, reduce_groups: tuple = (), device=None):
     """One member's transport and staged pipeline for one of enspipe's schemes (not the tf.data
     service's): ``stream`` is its :class:`~enspipe.plan.stream.StreamConfig`, ``preprocessing`` a
     built-in's name or a :class:`~enspipe.data.preprocessing.UserPreprocess`, ``threads`` the size
     of its preprocessing pool; ``steps`` (a measured window's length) cuts the unit to divide it;
-    ``reduce_groups``: data-parallel members' ranks, whose gradients the Horovod transport also sums.
-    Collective over ``comm``. Returns ``(transport, pipeline)``."""
+    ``reduce_groups``: data-parallel members' ranks, whose gradients the Horovod transport also sums;
+    ``device``: the torch device the torch transport exchanges on (None: host memory). Collective
+    over ``comm``. Returns ``(transport, pipeline)``."""
     from enspipe.exchange.engine import Mpi4pyTransport
 
     rank = comm.Get_rank()
@@ -345,7 +356,8 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
         from enspipe.exchange.torchdist import TorchTransport
 
         transport = TorchTransport(*common, max_batch=stream.batch_size, queue_depth=stream.queue_depth,
-                                   events=events, uses=scheme.uses(), unit=unit)
+                                   events=events, uses=scheme.uses(), unit=unit, device=device,
+                                   node_shm=stream.node_shm)
     else:
         transport = Mpi4pyTransport(*common, max_batch=stream.batch_size, queue_depth=stream.queue_depth,
                                     node_shm=stream.node_shm, events=events, uses=scheme.uses(), unit=unit)
@@ -365,5 +377,5 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
                         queue_depth=stream.queue_depth, skip_corrupt=stream.skip_corrupt,
                         fast_mode=stream.fast_mode, wire_dtype=stream.wire_dtype,
                         sample_interval=stream.sample_interval, events=events, backend=stream.backend,
-                        impl=stream.preprocess_impl, cache=cache)
+                        impl=stream.preprocess_impl, cache=cache, device=device)
     return transport, pipeline

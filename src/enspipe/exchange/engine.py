@@ -20,6 +20,17 @@ from enspipe.exchange.base import Batch, Transport, TransportStats, touch_pages,
 from enspipe.plan.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
 from enspipe.common import keys
 
+def givers_only(counts_each: list[np.ndarray], givers: list[int]) -> list[np.ndarray]:
+    """Each batch's block sizes with every group member but the ``givers`` (group-local ranks,
+    a broadcast's root or the block broadcasts' roots) at 0: what a shared ring assembles."""
+    out = []
+    for n in counts_each:
+        z = np.zeros_like(n)
+        z[givers] = n[givers]
+        out.append(z)
+    return out
+
+
 class BufferRing:
     """Receive buffers allocated once and reused in turn, pinned while anyone still holds them.
 
@@ -136,17 +147,6 @@ class Mpi4pyTransport:
         self._wait([c.Iallgather(np.asarray(mine, np.int64), counts)])
         return [np.ascontiguousarray(col) for col in counts.T]
 
-    @staticmethod
-    def _givers_only(counts_each: list[np.ndarray], givers: list[int]) -> list[np.ndarray]:
-        """Each batch's block sizes with every group member but the ``givers`` (group-local ranks,
-        a broadcast's root or the block broadcasts' roots) at 0: what the shared window assembles."""
-        out = []
-        for n in counts_each:
-            z = np.zeros_like(n)
-            z[givers] = n[givers]
-            out.append(z)
-        return out
-
     def _assemble(self, group, mine: list[Batch | None], counts: list[np.ndarray]) -> list[Batch]:
         outs = self.windows[group].assemble(mine, counts)
         me = self.comms[group].Get_rank()
@@ -179,7 +179,7 @@ class Mpi4pyTransport:
         else:
             count_each = [count] * len(batches)
         if group in self.windows:
-            counts = self._givers_only([np.full(c.Get_size(), k, np.int64) for k in count_each], [local_root])
+            counts = givers_only([np.full(c.Get_size(), k, np.int64) for k in count_each], [local_root])
             return self._assemble(group, batches if is_root else [None] * len(batches), counts)
         outs = batches if is_root else [self.ring.take(k) for k in count_each]
         self._wait([r for out in outs for r in (c.Ibcast(out.meta, root=local_root),
@@ -194,7 +194,7 @@ class Mpi4pyTransport:
         counts_each = self._counts(c, [len(b) if b is not None else 0 for b in mine], counts)
         local_roots = [group.index(r) for r in roots]
         if group in self.windows:
-            return self._assemble(group, mine, self._givers_only(counts_each, local_roots))
+            return self._assemble(group, mine, givers_only(counts_each, local_roots))
         outs, requests = [], []
         for b, n in zip(mine, counts_each):
             out = self.ring.take(int(n[local_roots].sum()))

@@ -237,7 +237,7 @@ class TorchComm:
 
     def Split_type(self, kind, key: int = 0) -> "TorchComm":  # noqa: N802
         """The members on this host (``kind``: :data:`MPI`'s ``COMM_TYPE_SHARED``)."""
-        return self.Split(_host(), key)
+        return self.Split(host_id(), key)
 
     def Dup(self) -> "TorchComm":  # noqa: N802
         return self.Split(0, self.rank)
@@ -258,7 +258,7 @@ def _colours(keyed: list) -> list[tuple[object, list[int]]]:
     return [(c, [r for _, r in sorted((k, r) for col, k, r in keyed if col == c)]) for c in colours]
 
 
-def _host() -> str:
+def host_id() -> str:
     """This host, as MPI's shared-memory split sees it: its name and its kernel's boot."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:

@@ -61,7 +61,7 @@ class StreamOptions:
                             "(the build of `make horovod`), or torch.distributed process groups (gloo)",
                             choices=TRANSPORTS)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "
-                            "block within a node); for comparison, mpi4py transport only", flag="--no-node-shm")
+                            "block within a node); for comparison (mpi4py and torch transports)", flag="--no-node-shm")
     malloc: str = option("keep", "keep: malloc reuses freed images' pages instead of faulting fresh ones in; "
                          "system: malloc as the environment set it", choices=MALLOC_POLICIES)
     plan_comm: str | None = option(None, "--scheme auto and --gradient-exchange prophet: enspipe calibrate-comm's "

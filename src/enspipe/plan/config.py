@@ -229,6 +229,8 @@ class RunConfig:
         _require(spec.tfdata_service or not service_scheme(self.stream.scheme), "backend", "the tf.data service runs "
                  "TensorFlow's preprocessing graph in its workers", "leave --backend out (tf) for --scheme "
                  "tfdata_service")
+        if self.backend == "gpu":  # CUDA, torchvision and the preprocessing, as the library checks them
+            self.stream_config()
         if self.stream.transport in ("horovod", "torch"):
             import importlib.util
 
@@ -347,7 +349,8 @@ class RunConfig:
                             wire_dtype=s.wire_dtype, fast_mode=p.fast_mode, preprocess_impl=p.preprocess_impl,
                             decode_cache=p.decode_cache,
                             skip_corrupt=self.faults.skip_corrupt,
-                            sample_interval=self.measure.sample_interval, backend=self.backend)
+                            sample_interval=self.measure.sample_interval, backend=self.backend,
+                            preprocess=self.preprocessing)
 
     def member_ranks(self, n: int) -> list[range]:
         """Each member's ranks among ``n`` (consecutive; ``data_parallel`` per member); raises

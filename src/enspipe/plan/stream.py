@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,19 +36,21 @@ class BackendSpec:
     needs_tensorflow: bool
     # what a user's preprocess function is given and runs in: "tensorflow" (fn(image, seed) of TensorFlow
     # tensors, in tf.data's graph) or "arrays" (a torchvision/kornia pipeline or callable on decoded images,
-    # in worker processes, seeded per sample: enspipe.data.transforms)
+    # in worker processes, seeded per sample: enspipe.data.transforms), or "none"
     user_functions: str
     implementations: tuple       # the --preprocess-impl values it runs
     horovod: bool                # Horovod's transport (its TensorFlow build) may carry its batches
     tfdata_service: bool         # its preprocessing is the graph the tf.data service's workers run
 
 
-# tf.data and Slim's TensorFlow ops; Pillow, OpenCV and numpy (no TensorFlow). "auto" is tf where
-# TensorFlow is installed, else pillow.
+# tf.data and Slim's TensorFlow ops; Pillow, OpenCV and numpy (no TensorFlow); nvJPEG and torch ops on
+# the member's GPU. "auto" is tf where TensorFlow is installed, else pillow.
 BACKENDS = {"tf": BackendSpec(needs_tensorflow=True, user_functions="tensorflow", implementations=IMPLEMENTATIONS,
                               horovod=True, tfdata_service=True),
             "pillow": BackendSpec(needs_tensorflow=False, user_functions="arrays",
-                                  implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False)}
+                                  implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False),
+            "gpu": BackendSpec(needs_tensorflow=False, user_functions="none", implementations=("crop-first",),
+                               horovod=False, tfdata_service=False)}
 APPROXIMATIONS = ("fused-colour",)
 MALLOC_POLICIES = ("keep", "system")
 LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
@@ -93,6 +96,12 @@ class StreamConfig:
     member's preprocessing rate by cores) for ``network``'s preprocessing, the accelerator's
     ``accelerator_rate`` in images/s per member (None: as fast as the batches come) and, where
     given, ``plan_comm`` (``enspipe calibrate-comm``'s collective costs).
+
+    ``device`` (the torch transport): where the exchanged batches live. None (the default): host
+    memory, numpy arrays. ``"cuda"`` (the member's GPU by its rank on its node) or ``"cuda:K"``:
+    each member's block goes to its GPU and the images are exchanged there by NCCL, never through
+    host memory; NCCL needs one GPU per member. ``"cpu"``: the same path as torch CPU tensors
+    over gloo.
     """
 
     data: str
@@ -118,13 +127,17 @@ class StreamConfig:
     backend: str = "auto"
     preprocess_impl: str = "crop-first"
     decode_cache: int | str = 0
+    device: str | None = None
 
     def __post_init__(self) -> None:
         self._check_backend()
+        self._check_device()
         try:
             object.__setattr__(self, "decode_cache", parse_size(self.decode_cache))
         except ValueError as e:
             raise ConfigError("decode_cache", str(e), "pass decode_cache='8GB' or another size, or 0 (off)") from None
+        if self.backend == "gpu":
+            self._check_gpu_backend()
         require(not (self.decode_cache and callable(self.preprocess) and self.backend == "pillow"), "decode_cache",
                 "a preprocess function on the pillow backend gets each image decoded in its worker, not from the cache",
                 "leave decode_cache out with your own preprocess function")
@@ -144,8 +157,8 @@ class StreamConfig:
                 f"choose one of {', '.join(TRANSPORTS)}")
         require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
                 f"choose one of {', '.join(WIRE_DTYPES)}")
-        require(self.transport == "mpi4py" or self.node_shm, "node_shm", f"the {self.transport} transport has no "
-                "node-shared memory path to turn off", "leave node_shm on, or use transport='mpi4py'")
+        require(self.transport != "horovod" or self.node_shm, "node_shm", "the horovod transport has no "
+                "node-shared memory path to turn off", "leave node_shm on, or use transport='mpi4py' or 'torch'")
         require(self.transport != "torch" or importlib.util.find_spec("torch") is not None, "transport",
                 "torch is not installed here", "pip install torch, or use transport='mpi4py'")
         require(isinstance(self.sample_interval, (int, float)) and math.isfinite(self.sample_interval)
@@ -195,6 +208,51 @@ class StreamConfig:
                 "own", "leave preprocess_impl at crop-first with a preprocess function")
         require(spec.horovod or self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow "
                 "build", f"use transport='mpi4py' with the {self.backend} backend")
+
+    def _check_gpu_backend(self) -> None:
+        """The gpu backend needs CUDA and torchvision's nvJPEG decoder, and makes the standard
+        preprocessings (enspipe.data.tensor_pixels)."""
+        from enspipe.data.tensor_pixels import TENSOR_PREPROCESSING
+
+        fix = "pass backend='pillow' (the CPU)"
+        require(not callable(self.preprocess), "preprocess", "the gpu backend runs its own preprocessings on the GPU, "
+                "not a function", f"pass preprocess='standard', or {fix} for your function")
+        require(self.preprocess in TENSOR_PREPROCESSING, "preprocess", f"the gpu backend makes "
+                f"{' and '.join(TENSOR_PREPROCESSING)}, not {self.preprocess}", f"pick one of them, or {fix}")
+        require(not self.decode_cache, "decode_cache", "the gpu backend decodes on the GPU, not from the cache",
+                "leave decode_cache out")
+        require(importlib.util.find_spec("torch") is not None, "backend", "the gpu backend needs torch", fix)
+        import torch
+
+        require(torch.cuda.is_available(), "backend", f"the gpu backend decodes on a GPU, and CUDA is not available "
+                f"here (torch {torch.__version__}, {torch.cuda.device_count()} GPUs visible)", fix)
+        try:
+            from torchvision.io import decode_jpeg  # noqa: F401
+        except Exception as e:  # noqa: BLE001 - not installed, or a build that does not match torch's
+            raise ConfigError("backend", f"the gpu backend decodes with torchvision's nvJPEG, and torchvision does not "
+                              f"import here ({type(e).__name__}: {e})", f"pip install the torchvision of torch "
+                              f"{torch.__version__}, or {fix}") from None
+
+    def _check_device(self) -> None:
+        """``device`` names a torch device the torch transport can exchange on, here."""
+        if self.device is None:
+            return
+        fix = "leave device out (the batches are exchanged in host memory), or pass 'cpu', 'cuda' or 'cuda:K'"
+        require(isinstance(self.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", self.device) is not None, "device",
+                f"{self.device!r} is not a device the batches can be exchanged on", fix)
+        require(self.transport == "torch", "device", f"the {self.transport} transport exchanges batches in host "
+                "memory (MPICH from PyPI is not CUDA-aware)", "pass transport='torch' with a device, or leave it out")
+        if self.device.startswith("cuda"):
+            import torch
+            import torch.distributed as dist
+
+            require(torch.cuda.is_available(), "device", f"CUDA is not available here (torch {torch.__version__}, "
+                    f"{torch.cuda.device_count()} GPUs visible), so NCCL has no GPU to exchange on", fix)
+            require(dist.is_nccl_available(), "device", f"this torch ({torch.__version__}) was built without NCCL",
+                    "install a CUDA build of torch, or leave device out")
+            index = int(self.device.partition(":")[2] or 0)
+            require(index < torch.cuda.device_count(), "device", f"{self.device}: this process sees "
+                    f"{torch.cuda.device_count()} GPUs", "pass 'cuda' (the member's own, by its rank on the node)")
 
     @property
     def user_preprocess(self) -> bool:

@@ -5,7 +5,8 @@ names a test holds equal to these.
 
 * ``tf``: tf.data and Slim's TensorFlow preprocessing (:mod:`enspipe.engine.backends.tf`);
 * ``pillow``: Pillow, OpenCV and numpy, no TensorFlow, on worker processes that write into shared
-  memory, one per core of the member (:mod:`enspipe.engine.backends.pillow`).
+  memory, one per core of the member (:mod:`enspipe.engine.backends.pillow`);
+* ``gpu``: nvJPEG and torch ops on the member's GPU (:mod:`enspipe.engine.backends.gpu`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from types import ModuleType
 REGISTRY = {
     "tf": "enspipe.engine.backends.tf",
     "pillow": "enspipe.engine.backends.pillow",
+    "gpu": "enspipe.engine.backends.gpu",
 }
 
 

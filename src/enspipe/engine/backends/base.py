@@ -46,6 +46,7 @@ class PrepSpec:
     image_shape: tuple
     image_dtype: Any
     cache: Any = None           # a DecodeCache, or None
+    device: Any = None          # the torch device the member exchanges on (None: host memory)
 
     def __post_init__(self):
         if self.threads < 1:

@@ -1,0 +1,187 @@
+"""The gpu backend (enspipe.engine.backends.gpu) on a machine without a GPU.
+
+Its torch ops run here on CPU tensors:
+
+- they cut, flip and jitter each sample with the pillow backend's draws;
+- their values are compared with Pillow's resize of the same decoded image, and with the pillow
+  backend itself, whose DCT-scaled decode accounts for most of the difference;
+- nvJPEG's refusals go to the CPU decoder and are counted;
+- an undecodable image fails the slice, or is skipped and counted;
+- without CUDA the backend is refused before any work, by the library and by ``enspipe run``
+  (exit 2).
+
+nvJPEG itself runs on the GPU machine only (benchmarks/gpu.sh)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import said
+
+torch = pytest.importorskip("torch", reason="pip install 'enspipe[torch]' (or torch==2.13.0+cpu) to test the gpu "
+                                            "backend's torch ops")
+
+from PIL import Image  # noqa: E402
+
+from enspipe.data import pixels as px  # noqa: E402
+from enspipe.data.decoding import decode  # noqa: E402
+from enspipe.data.manifest import DataError  # noqa: E402
+from enspipe.data.tensor_pixels import standard_train  # noqa: E402
+from enspipe.engine.backends import gpu, pillow  # noqa: E402
+from enspipe.engine.backends.base import PrepSpec  # noqa: E402
+from enspipe.plan.errors import ConfigError  # noqa: E402
+from enspipe.plan.stream import StreamConfig, checked_manifest  # noqa: E402
+
+SIZE = 64
+
+
+def _slice(dataset, preprocessing="standard", wire_dtype="float32"):
+    spec = PrepSpec(manifest=checked_manifest(dataset), preprocessing=preprocessing, size=SIZE, fast_mode=False,
+                    wire_dtype=wire_dtype, impl="crop-first", order_seed=0, prep_seed=0, shuffle_buffer=0,
+                    skip_corrupt=False, batch=10, share=(0, 10), unit=1, threads=1, depth=2,
+                    image_shape=(SIZE, SIZE, 3), image_dtype=np.float32)
+    return next(pillow.slices(spec))
+
+
+def _pillow_whole(encoded: bytes, position: int, jitter: bool) -> np.ndarray:
+    """torchvision's PIL path, the pillow backend's draws: the whole image decoded, the box resized
+    by Pillow's antialiased bilinear, flipped, jittered."""
+    whole, rng = decode(encoded), px.generator(0, position)
+    left, top, w, h = px.resized_crop_box(rng, whole.shape[1], whole.shape[0])
+    im = Image.fromarray(whole).resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+    if rng.random() < 0.5:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(px._jitter(im, rng) if jitter else im)
+
+
+@pytest.mark.parametrize("preprocessing, inner_bound", [("standard", 1), ("standard-jitter", 4)])
+def test_the_torch_ops_cut_flip_and_jitter_each_sample_as_pillow_does(dataset, preprocessing, inner_bound):
+    """The same box, flip and jitter draws as the pillow backend. Against Pillow's resize of the
+    same whole image (torchvision's PIL path) the values are within 0.5 levels of 255 on average.
+    Away from the edges they are within 1 level, or 4 after the jitter's steps. At the edges the
+    resize differs: the crop is cut before it is resized, where Pillow reads beyond the box."""
+    item, jitter = _slice(dataset), preprocessing == "standard-jitter"
+    for encoded, position in zip(item["encoded"], item["position"].tolist()):
+        image = torch.from_numpy(decode(encoded).copy()).permute(2, 0, 1)
+        mine = standard_train(image, SIZE, px.generator(0, position), jitter).permute(1, 2, 0).numpy()
+        theirs = _pillow_whole(encoded, position, jitter).astype(np.float32)
+        diff = np.abs(mine - theirs)
+        assert diff.mean() < 0.5, (position, diff.mean())
+        assert diff[2:-2, 2:-2].max() <= inner_bound, (position, diff[2:-2, 2:-2].max())
+
+
+def _run(engine, item):
+    return next(engine.run(lambda: item))
+
+
+@pytest.mark.parametrize("wire_dtype, mean_bound", [("float32", 0.1), ("uint8", 6.0)])
+def test_the_engine_gives_the_pillow_backends_batches_within_its_dct_scaled_decode(dataset, wire_dtype, mean_bound):
+    """The whole slice, as the exchange gets it: the same shape, dtype and meta rows as the pillow
+    backend's. The values differ by the pillow backend's DCT-scaled decode: on average under 0.1
+    in Normalize's units (float32), or 6 levels of 255 (uint8)."""
+    item = _slice(dataset, wire_dtype=wire_dtype)
+    _, theirs, their_meta, _ = _run(pillow.PillowEngine("standard", SIZE, False, wire_dtype, 0, 1, False), item)
+    engine = gpu.TensorEngine("standard", SIZE, wire_dtype, 0, False, "cpu", gpu.CpuDecoder("cpu"))
+    _, mine, meta, _ = _run(engine, item)
+    assert isinstance(mine, torch.Tensor) and mine.dtype == getattr(torch, wire_dtype)
+    assert tuple(mine.shape) == theirs.shape and np.array_equal(meta, their_meta)
+    diff = np.abs(mine.numpy().astype(np.float64) - theirs.astype(np.float64))
+    assert diff.mean() < mean_bound, diff.mean()
+    assert engine.decodes == {"device": "cpu", "on_device": 0, "on_cpu": 10}
+
+
+class _FakeNvJpeg(gpu.NvJpeg):
+    """nvJPEG's interface over the CPU decoder (recorded behaviour: a batch fails as a whole where
+    one image fails; a PNG is not offered), to test what the backend does with its refusals."""
+
+    def __init__(self, refuse: set):
+        self.device, self.rgb, self.refuse = torch.device("cpu"), None, refuse
+        self.cpu, self.cpu_decoded, self.offered = gpu.CpuDecoder(self.device), 0, 0
+
+    def decode_jpeg(self, data, mode, device):
+        batch = data if isinstance(data, list) else [data]
+        self.offered += len(batch) if isinstance(data, list) else 0
+        if any(bytes(d.numpy()) in self.refuse for d in batch):
+            raise RuntimeError("nvjpeg: unsupported")
+        out = self.cpu([bytes(d.numpy()) for d in batch])
+        return out if isinstance(data, list) else out[0]
+
+
+def test_images_nvjpeg_refuses_are_decoded_on_the_cpu_and_counted(dataset):
+    """A PNG (never offered to nvJPEG) and a JPEG it refuses: decoded on the CPU, in their places,
+    with the same values; the rest decoded in one batch."""
+    item = _slice(dataset)
+    encoded = list(item["encoded"])
+    import io
+
+    png = io.BytesIO()
+    Image.fromarray(decode(encoded[3])).save(png, format="PNG")
+    encoded[3] = png.getvalue()
+    fake = _FakeNvJpeg(refuse={encoded[5]})
+    out = fake(encoded)
+    assert fake.offered == 9 and fake.cpu_decoded == 2
+    for x, e in zip(out, encoded):
+        assert np.array_equal(x.permute(1, 2, 0).numpy(), decode(e))
+
+
+def test_an_undecodable_image_fails_the_slice_naming_it_or_is_skipped(dataset):
+    item = _slice(dataset)
+    item["encoded"] = list(item["encoded"])
+    item["encoded"][2] = b"\xff\xd8 not a jpeg"
+    with pytest.raises(DataError, match="undecodable image"):
+        _run(gpu.TensorEngine("standard", SIZE, "uint8", 0, False, "cpu", gpu.CpuDecoder("cpu")), item)
+    engine = gpu.TensorEngine("standard", SIZE, "uint8", 0, True, "cpu", gpu.CpuDecoder("cpu"))
+    _, images, meta, _ = _run(engine, item)
+    assert len(images) == len(meta) == 9 and item["id"][2] not in meta[:, 0]
+    assert engine.decodes["on_cpu"] == 9
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("options, says", [
+    ({}, "--backend: the gpu backend decodes on a GPU, and CUDA is not available here"),
+    ({"preprocess": "inception"}, "--preprocess: the gpu backend makes standard and standard-jitter, not inception"),
+    ({"preprocess": lambda image: image}, "--preprocess: the gpu backend runs its own preprocessings on the GPU")])
+def test_the_gpu_backend_is_refused_before_any_work(dataset, options, says):
+    with pytest.raises(ConfigError) as e:
+        StreamConfig(data=dataset, batch_size=10, backend="gpu", **{"preprocess": "standard", **options})
+    assert says in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_enspipe_run_with_the_gpu_backend_exits_2_without_cuda(dataset, tmp_path):
+    cli = shutil.which("enspipe", path=os.path.dirname(sys.executable))
+    r = subprocess.run([cli, "run", "--data", dataset, "--out", str(tmp_path / "cell"), "--backend", "gpu",
+                        "--preprocess", "standard", "--consumer", "peak", "--cpu-monitor", "none"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, said(r)
+    assert "--backend: the gpu backend decodes on a GPU, and CUDA is not available here" in r.stderr, said(r)
+    assert not (tmp_path / "cell").exists()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu.sh runs these there)")
+
+
+@cuda
+def test_nvjpeg_decodes_as_the_cpu_does(dataset):
+    """nvJPEG's IDCT differs from libjpeg's a little: within 1 level of 255 on average."""
+    pytest.importorskip("torchvision", reason="nvJPEG is torchvision's decode_jpeg")
+    encoded = list(_slice(dataset)["encoded"])
+    on_gpu, on_cpu = gpu.NvJpeg(torch.device("cuda"))(encoded), gpu.CpuDecoder("cpu")(encoded)
+    for a, b in zip(on_gpu, on_cpu):
+        assert a.shape == b.shape and (a.cpu().float() - b.float()).abs().mean() < 1.0
+
+
+@cuda
+@pytest.mark.parametrize("wire_dtype, mean_bound", [("float32", 0.02), ("uint8", 1.0)])
+def test_the_engine_on_the_gpu_gives_its_cpu_tensors_values(dataset, wire_dtype, mean_bound):
+    pytest.importorskip("torchvision", reason="nvJPEG is torchvision's decode_jpeg")
+    item = _slice(dataset, wire_dtype=wire_dtype)
+    device = torch.device("cuda")
+    _, mine, meta, _ = _run(gpu.TensorEngine("standard", SIZE, wire_dtype, 0, False, device, gpu.NvJpeg(device)), item)
+    _, ref, ref_meta, _ = _run(gpu.TensorEngine("standard", SIZE, wire_dtype, 0, False, "cpu",
+                                                gpu.CpuDecoder("cpu")), item)
+    assert mine.is_cuda and np.array_equal(meta, ref_meta)
+    assert (mine.cpu().double() - ref.double()).abs().mean() < mean_bound
