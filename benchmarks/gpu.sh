@@ -5,7 +5,8 @@
 #
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
-#     -d .whl mpich==5.0.2 mpi4py==4.1.2 google-crc32c jsonschema jsonschema-specifications referencing rpds-py
+#     -d .whl mpich==5.0.2 mpi4py==4.1.2 google-crc32c jsonschema jsonschema-specifications referencing rpds-py \
+#     pytest pluggy iniconfig
 #   WHEELS=.whl OUT=results/gpu bash benchmarks/gpu.sh    # on the GPU node, in the repository's root
 #
 # They go into the node's own Python environment (its MPICH's mpiexec beside its python3), and
@@ -26,6 +27,11 @@ echo "cpus: $(nproc); $(grep -m1 "model name" /proc/cpuinfo); RAPL: $(ls /sys/cl
 # rank 0 says for both (two ranks printing at once interleave their words on the one stdout)
 mpiexec -n 2 "$PY" -c "from mpi4py import MPI; c = MPI.COMM_WORLD; r = c.gather(c.rank); c.rank or print('mpi ranks', r, 'of', c.size, MPI.Get_library_version().split(chr(10))[0])" || exit 1
 "$PY" -c "import enspipe, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 1
+
+# what CI runs on the CPU only: nvJPEG and the gpu backend's values, two members' ring through CUDA IPC
+timeout "${CHECKS_SECONDS:-150}" "$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs tests/test_gpu_backend.py \
+  tests/test_torch_transport.py -k "nvjpeg or engine_on_the_gpu or cuda_ipc"
+echo "gpu_checks: exit $?"
 
 timeout "${RATES_SECONDS:-240}" "$PY" benchmarks/gpu_rates.py --out "$OUT/gpu_rates.json" \
   --steps 20 --warmup 5 --repeats 2 --seconds 1.5 ${RATES_ARGS:-}
