@@ -31,6 +31,16 @@ def givers_only(counts_each: list[np.ndarray], givers: list[int]) -> list[np.nda
     return out
 
 
+def assembled(window, mine: list[Batch | None], counts: list[np.ndarray], me: int, stats: TransportStats
+              ) -> list[Batch]:
+    """The unit's batches assembled in a shared ``window`` (node-shm's, or the torch transport's
+    ring), its payload counted: what member ``me`` (group-local) gave, what it obtained."""
+    outs = window.assemble(mine, counts)
+    for b, n, out in zip(mine, counts, outs):
+        stats.add(b if n[me] else None, out)
+    return outs
+
+
 class BufferRing:
     """Receive buffers allocated once and reused in turn, pinned while anyone still holds them.
 
@@ -148,11 +158,7 @@ class Mpi4pyTransport:
         return [np.ascontiguousarray(col) for col in counts.T]
 
     def _assemble(self, group, mine: list[Batch | None], counts: list[np.ndarray]) -> list[Batch]:
-        outs = self.windows[group].assemble(mine, counts)
-        me = self.comms[group].Get_rank()
-        for b, n, out in zip(mine, counts, outs):
-            self.stats.add(b if n[me] else None, out)
-        return outs
+        return assembled(self.windows[group], mine, counts, self.comms[group].Get_rank(), self.stats)
 
     def allgatherv(self, group: tuple[int, ...], mine: list[Batch], counts: list[int] | None = None) -> list[Batch]:
         c = self.comms[group]

@@ -32,7 +32,7 @@ import secrets
 import numpy as np
 
 from enspipe.exchange.base import Batch
-from enspipe.exchange.shm import ALIGN, SleepingBarrier, _semaphores
+from enspipe.exchange.shm import SleepingBarrier, _aligned, _semaphores
 
 SHM = "/dev/shm"
 
@@ -40,10 +40,6 @@ SHM = "/dev/shm"
 def usable() -> bool:
     """Whether this host can hold such a ring: /dev/shm and process-shared semaphores."""
     return os.path.isdir(SHM) and _semaphores() is not None
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def _segment(name: str, size: int, create: bool) -> mmap.mmap:

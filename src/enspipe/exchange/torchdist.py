@@ -18,8 +18,8 @@ Where the batches live (``device``):
 * a CUDA device: each member's block is copied to its GPU once and the images are exchanged there
   by NCCL (``cpu:gloo,cuda:nccl`` groups: the small meta rows and block sizes stay on gloo), so a
   batch on a GPU never passes through host memory; the member's batch is a tensor of its own on
-  its GPU. NCCL needs one GPU per member (:func:`shared_gpus`); members that share a GPU exchange
-  in host memory;
+  its GPU. NCCL needs one GPU per member (:func:`shared_gpus`); a group entirely on one GPU shares
+  a ring of slots there instead (:mod:`enspipe.exchange.ipc`, through CUDA IPC);
 * ``cpu``: the same path with torch CPU tensors over gloo.
 
 Started by :func:`enspipe.exchange.torchcomm.init_torch`: from ``torchrun``'s (or any launcher's)
@@ -32,7 +32,7 @@ import numpy as np
 from enspipe.common import keys
 from enspipe.exchange import ipc, shm
 from enspipe.exchange.base import Batch, TransportStats
-from enspipe.exchange.engine import BufferRing, givers_only
+from enspipe.exchange.engine import BufferRing, assembled, givers_only
 from enspipe.exchange.torchcomm import host_id
 
 
@@ -275,11 +275,7 @@ class TorchTransport:
         return outs
 
     def _assemble(self, group, mine: list[Batch | None], counts: list[np.ndarray]) -> list[Batch]:
-        outs = self.windows[group].assemble(mine, counts)
-        me = group.index(self.rank)
-        for b, n, out in zip(mine, counts, outs):
-            self.stats.add(b if n[me] else None, out)
-        return outs
+        return assembled(self.windows[group], mine, counts, group.index(self.rank), self.stats)
 
     def close(self) -> None:
         """Unmap the shared rings (collective over each group). The groups live as long as

@@ -87,8 +87,6 @@ def leave(rc: int) -> int:
     folder removed (:mod:`enspipe.common.tempdirs`), then out without Python's slow teardown of
     TensorFlow's modules and threads (a second per cell). Returns only where MPI never started (an
     error before it)."""
-    import os
-
     from enspipe.common import tempdirs
 
     tempdirs.remove_own()

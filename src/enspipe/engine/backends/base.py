@@ -64,6 +64,19 @@ def meta_rows(item: dict) -> np.ndarray:
     return np.stack([item["id"], item["epoch"], item["position"], item["label"]], axis=1).astype(np.int64)
 
 
+def kept(item: dict, failed: dict[int, str], skip_corrupt: bool) -> np.ndarray:
+    """Which of a read slice's images a backend keeps: all but those that ``failed`` (index ->
+    why) under ``skip_corrupt``; without it the first failure is a DataError naming its record."""
+    if failed and not skip_corrupt:
+        from enspipe.data.manifest import DataError
+
+        bad = min(failed)
+        raise DataError(undecodable(item["key"][bad], failed[bad]))
+    ok = np.ones(len(item["id"]), bool)
+    ok[list(failed)] = False
+    return ok
+
+
 def undecodable(key: bytes, why) -> str:
     return (f"{key.decode()}: undecodable image ({why}); fix or remove the record, or pass --on-corrupt skip "
             "to skip and count it")

@@ -24,8 +24,7 @@ import time
 
 import numpy as np
 
-from enspipe.data.manifest import DataError
-from enspipe.engine.backends.base import PrepSpec, meta_rows, undecodable
+from enspipe.engine.backends.base import PrepSpec, kept, meta_rows
 from enspipe.engine.backends.pillow import slices  # noqa: F401 - the backend's API: read as the pillow backend reads
 
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
@@ -44,9 +43,9 @@ def member_gpu(device=None):
     the GPUs it sees."""
     import torch
 
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda", local_rank() % torch.cuda.device_count())
+    from enspipe.exchange.torchdist import member_device
+
+    return torch.device(device) if device is not None else member_device("cuda", local_rank())
 
 
 def engine(spec: PrepSpec) -> "TensorEngine":
@@ -156,11 +155,7 @@ class TensorEngine:
             item = take()
             t = time.perf_counter()
             out, failed = self._augmented(item)
-            if failed and not self.skip_corrupt:
-                bad = min(failed)
-                raise DataError(undecodable(item["key"][bad], failed[bad]))
-            ok = np.ones(len(item["id"]), bool)
-            ok[list(failed)] = False
+            ok = kept(item, failed, self.skip_corrupt)
             if out:
                 images = to_wire(self.preprocessing, torch.stack(out), self.wire_dtype)
             else:  # every image of the slice skipped

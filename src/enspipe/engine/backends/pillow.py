@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from enspipe.data.manifest import DataError
-from enspipe.engine.backends.base import PrepSpec, meta_rows, undecodable
+from enspipe.engine.backends.base import PrepSpec, kept, meta_rows
 from enspipe.measure.threadcpu import set_thread_name
 
 def slices(spec: PrepSpec):
@@ -125,11 +125,7 @@ class PillowEngine:
             item = take()
             t = time.perf_counter()
             out, failed = self._images(item)
-            if failed and not self.skip_corrupt:
-                bad = min(failed)
-                raise DataError(undecodable(item["key"][bad], failed[bad]))
-            ok = np.ones(len(item["id"]), bool)
-            ok[list(failed)] = False
+            ok = kept(item, failed, self.skip_corrupt)
             if isinstance(out, np.ndarray):
                 images = out[ok]
             elif ok.any():
