@@ -114,7 +114,7 @@ def colour_map(order: str, factors: dict, means, xp=NumpyMatrices):
 COLOUR_ORDERS = {False: ("bshc", "sbch", "chbs", "hscb"), True: ("bs", "sb")}
 
 
-def _colour_draws(rng: np.random.Generator, fast_mode: bool) -> tuple[str, dict]:
+def colour_draws(rng: np.random.Generator, fast_mode: bool) -> tuple[str, dict]:
     """One image's colour ordering and factors, drawn in Slim's order (brightness in [0, 1] units)."""
     orders = COLOUR_ORDERS[fast_mode]
     order = orders[int(rng.integers(0, len(orders)))]
@@ -125,7 +125,7 @@ def _colour_draws(rng: np.random.Generator, fast_mode: bool) -> tuple[str, dict]
 def _fused_colour(im: Image.Image, rng: np.random.Generator, fast_mode: bool) -> Image.Image:
     """:func:`_colour`'s draws and order as one affine map in YIQ, applied by Pillow in C (rounded
     and clipped once)."""
-    order, factors = _colour_draws(rng, fast_mode)
+    order, factors = colour_draws(rng, fast_mode)
     factors["b"] *= 255  # the pixels' units
     a, b = colour_map(order, factors, np.asarray(ImageStat.Stat(im).mean)[:, None])
     return im.convert("RGB", tuple(np.concatenate([a, b], axis=1).ravel().tolist()))
@@ -135,7 +135,7 @@ def _colour(pixels: np.ndarray, rng: np.random.Generator, fast_mode: bool) -> np
     """Slim's colour distortion in one of its orderings, in float32 as TensorFlow's ops define each
     step (:func:`colour_op`), clipped to [0, 1] once at the end as Slim clips, and rounded to
     8 bits once. Adjacent saturation and hue steps share one HSV conversion."""
-    order, factors = _colour_draws(rng, fast_mode)
+    order, factors = colour_draws(rng, fast_mode)
     x = pixels.astype(np.float32) * np.float32(1 / 255)
     i = 0
     while i < len(order):
@@ -213,13 +213,18 @@ def vgg_train(encoded: "bytes | np.ndarray", size: int, rng: np.random.Generator
     from the source and resized once (bilinear, TensorFlow's kernel)."""
     del fast_mode  # Slim's vgg preprocessing has no fast mode
     im = _opened(encoded)
-    w0, h0 = im.size
+    return _flipped(_resized(encoded, im, vgg_box(rng, *im.size, size), size, cv2.INTER_LINEAR), rng)
+
+
+def vgg_box(rng: np.random.Generator, width: int, height: int, size: int) -> tuple[float, float, float, float]:
+    """Slim's VGG crop drawn for a ``width x height`` image: the shorter side resized to a random
+    side in [256, 512] (scaled with ``size``), a ``size`` square at a random place in it, as a box
+    ``(x0, y0, x1, y1)`` of the source image."""
     side = int(rng.integers(round(256 * size / 224), round(512 * size / 224) + 1))
-    scale = side / min(w0, h0)
-    nw, nh = max(size, int(round(w0 * scale))), max(size, int(round(h0 * scale)))
+    scale = side / min(width, height)
+    nw, nh = max(size, int(round(width * scale))), max(size, int(round(height * scale)))
     left, top = int(rng.integers(0, nw - size + 1)), int(rng.integers(0, nh - size + 1))
-    box = (left * w0 / nw, top * h0 / nh, (left + size) * w0 / nw, (top + size) * h0 / nh)
-    return _flipped(_resized(encoded, im, box, size, cv2.INTER_LINEAR), rng)
+    return left * width / nw, top * height / nh, (left + size) * width / nw, (top + size) * height / nh
 
 
 def inception_eval(encoded: "bytes | np.ndarray", size: int) -> np.ndarray:

@@ -210,7 +210,7 @@ class StreamConfig:
                 "build", f"use transport='mpi4py' with the {self.backend} backend")
 
     def _check_gpu_backend(self) -> None:
-        """The gpu backend needs CUDA and torchvision's nvJPEG decoder, and makes the standard
+        """The gpu backend needs CUDA and torchvision's nvJPEG decoder, and makes the built-in
         preprocessings (enspipe.data.tensor_pixels)."""
         from enspipe.data.tensor_pixels import TENSOR_PREPROCESSING
 
@@ -218,7 +218,7 @@ class StreamConfig:
         require(not callable(self.preprocess), "preprocess", "the gpu backend runs its own preprocessings on the GPU, "
                 "not a function", f"pass preprocess='standard', or {fix} for your function")
         require(self.preprocess in TENSOR_PREPROCESSING, "preprocess", f"the gpu backend makes "
-                f"{' and '.join(TENSOR_PREPROCESSING)}, not {self.preprocess}", f"pick one of them, or {fix}")
+                f"{', '.join(TENSOR_PREPROCESSING)}, not {self.preprocess}", f"pick one of them, or {fix}")
         require(not self.decode_cache, "decode_cache", "the gpu backend decodes on the GPU, not from the cache",
                 "leave decode_cache out")
         require(importlib.util.find_spec("torch") is not None, "backend", "the gpu backend needs torch", fix)

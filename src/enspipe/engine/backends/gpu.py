@@ -1,8 +1,9 @@
 """The ``gpu`` backend: JPEGs decoded on the member's GPU and augmented there.
 
 - Decode: nvJPEG through ``torchvision.io.decode_jpeg(..., device="cuda")``, a slice at a time.
-- Augmentation: torch ops (:mod:`enspipe.data.tensor_pixels`): the crop is cut from the decoded
-  image first, then resized, flipped, jittered and normalised.
+- Augmentation: every built-in preprocessing as torch ops (:mod:`enspipe.data.tensor_pixels`):
+  the crop is cut from the decoded image first, then resized, flipped, colour-distorted and
+  scaled to the wire's range.
 - CPU fallback: an image nvJPEG cannot take (PNG, CMYK, some progressive JPEGs) is decoded on
   the CPU by the pillow backend's decoder, copied to the GPU, and counted (``decodes``). It is
   never dropped. One the CPU cannot decode either is undecodable, as on every backend.
@@ -51,7 +52,7 @@ def member_gpu(device=None):
 def engine(spec: PrepSpec) -> "TensorEngine":
     device = member_gpu(spec.device)
     return TensorEngine(spec.preprocessing, spec.size, spec.wire_dtype, spec.prep_seed, spec.skip_corrupt, device,
-                        NvJpeg(device))
+                        NvJpeg(device), fast_mode=spec.fast_mode, fused=spec.impl == "fused-colour")
 
 
 class CpuDecoder:
@@ -115,15 +116,16 @@ class TensorEngine:
     as one ``(n, S, S, 3)`` tensor there. ``decodes``: images decoded on the device and on the CPU."""
 
     def __init__(self, preprocessing: str, size: int, wire_dtype: str, prep_seed: int, skip_corrupt: bool, device,
-                 decode):
+                 decode, fast_mode: bool = False, fused: bool = False):
         import torch
 
-        from enspipe.data.tensor_pixels import TENSOR_PREPROCESSING
+        from enspipe.data.tensor_pixels import TENSOR_PREPROCESSING, train
 
         if preprocessing not in TENSOR_PREPROCESSING:  # (StreamConfig refuses it first, saying what to do)
             raise ValueError(f"the gpu backend makes {', '.join(TENSOR_PREPROCESSING)}, not {preprocessing!r}")
         self.torch, self.device, self.decode = torch, torch.device(device), decode
         self.preprocessing, self.size, self.wire_dtype = preprocessing, size, wire_dtype
+        self.train = train(preprocessing, fast_mode, fused)
         self.prep_seed, self.skip_corrupt = prep_seed, skip_corrupt
         self.images = 0
 
@@ -134,16 +136,14 @@ class TensorEngine:
 
     def _augmented(self, item: dict) -> tuple[list, dict[int, str]]:
         from enspipe.data.pixels import generator
-        from enspipe.data.tensor_pixels import standard_train
 
         decoded = self.decode(list(item["encoded"]))
-        jitter = self.preprocessing == "standard-jitter"
         out, failed = [], {}
         for i, (image, position) in enumerate(zip(decoded, item["position"].tolist())):
             if isinstance(image, str):
                 failed[i] = image
                 continue
-            out.append(standard_train(image, self.size, generator(self.prep_seed, position), jitter))
+            out.append(self.train(image, self.size, generator(self.prep_seed, position)))
         self.images += len(decoded) - len(failed)
         return out, failed
 
