@@ -58,9 +58,10 @@ class ServerProcess:
         return self.status()
 
 
-def _consumer(server, tmp_path, dataset, name, epochs=2, pause=0.0, rank=0):
+def _consumer(server, tmp_path, dataset, name, epochs=2, pause=0.0, rank=0, as_torch=False):
     out = str(tmp_path / f"{name}.json")
-    proc = subprocess.Popen([sys.executable, CONSUMER, server.socks[rank], dataset, str(epochs), str(pause), out, name],
+    proc = subprocess.Popen([sys.executable, CONSUMER, server.socks[rank], dataset, str(epochs), str(pause), out, name,
+                             *(["torch"] if as_torch else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, out
 

@@ -199,7 +199,55 @@ def test_enspipe_run_with_the_gpu_backend_exits_2_without_cuda(dataset, tmp_path
     assert not (tmp_path / "cell").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_enspipe_serve_with_the_gpu_backend_exits_2_without_cuda(dataset, tmp_path):
+    cli = shutil.which("enspipe", path=os.path.dirname(sys.executable))
+    r = subprocess.run([cli, "serve", "--data", dataset, "--batch-size", "8", "--backend", "gpu", "--socket",
+                        str(tmp_path / "s.sock")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, said(r)
+    assert "--backend: the gpu backend decodes on a GPU, and CUDA is not available here" in r.stderr, said(r)
+    assert not (tmp_path / "s.sock").exists()
+
+
+def test_a_gpu_pools_handle_travels_as_json(monkeypatch):
+    """The CUDA IPC handle of a GPU pool crosses the server's socket as JSON: the fields torch's
+    ``reduce_tensor`` gives come back to ``rebuild_cuda_tensor`` as they were (recorded here with
+    stand-ins for torch's two calls; the mapping itself runs on a GPU, below)."""
+    import json
+
+    from torch.multiprocessing import reductions
+
+    from enspipe.exchange import ipc
+
+    fields = (torch.Tensor, torch.Size([4, 8, 8, 3]), (192, 24, 3, 1), 0, torch.storage.TypedStorage, torch.uint8, 0,
+              b"\x00\x01handle\xff", 768, 512, False, b"/torch_123_456", 3, b"\x07event", True)
+    monkeypatch.setattr(reductions, "reduce_tensor", lambda t: (reductions.rebuild_cuda_tensor, fields))
+    got = []
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", lambda *args: got.append(args))
+    ipc.mapped_cuda(json.loads(json.dumps(ipc.cuda_handle(None))))
+    assert got == [fields]
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu.sh runs these there)")
+
+
+@cuda
+def test_attached_trials_read_a_gpu_pool_through_cuda_ipc(dataset, tmp_path):
+    """``enspipe serve --backend gpu``: the samples made on the GPU into a pool there; two
+    consumers map it through CUDA IPC, each gets exact epochs as CUDA tensors of its own."""
+    pytest.importorskip("torchvision", reason="nvJPEG is torchvision's decode_jpeg")
+    from serve_helpers import ServerProcess, _consumer, _result
+
+    s = ServerProcess(tmp_path, dataset, "--backend", "gpu", "--preprocess", "standard")
+    try:
+        runs = [_consumer(s, tmp_path, dataset, name, epochs=2, as_torch=True) for name in "ab"]
+        for r in (_result(*run) for run in runs):
+            assert [e["count"] for e in r["epochs"]] == [50, 50] and all(e["missing"] == 0 for e in r["epochs"]), r
+            assert r["devices"] == ["cuda:0"], r
+        status = s.stop()
+        assert status["memory"]["pool_on"].startswith("cuda") and status["decodes"]["on_device"] >= 50, status
+    finally:
+        s.proc.kill()
 
 
 @cuda

@@ -103,6 +103,29 @@ def test_bad_serve_options_exit_2_before_any_work(server, tmp_path, dataset):
     assert r.returncode == 2 and "no such directory" in r.stderr
     r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--preprocess", "resnet")
     assert r.returncode == 2 and "unknown preprocessing" in r.stderr
+    r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--device", "cuda")
+    assert r.returncode == 2 and "--device: 'cuda' is not a device the gpu backend serves from" in r.stderr, r.stderr
+    r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--backend", "gpu", "--preprocess", "mine.aug:fn")
+    assert r.returncode == 2 and "the gpu backend runs its own preprocessings" in r.stderr, r.stderr
+
+
+def test_the_gpu_backends_server_gives_exact_epochs_from_its_tensor_ops(tmp_path, dataset):
+    """``--backend gpu --device cpu``: the gpu backend's torch ops (the CPU decoder, CPU tensors)
+    make the samples into the pool, a chunk of a batch at a time; two consumers each get exact
+    epochs, and the status counts the decodes."""
+    pytest.importorskip("torch", reason="the gpu backend's ops are torch's")
+    s = ServerProcess(tmp_path, dataset, "--backend", "gpu", "--device", "cpu", "--preprocess", "standard-jitter")
+    try:
+        a = _consumer(s, tmp_path, dataset, "a", epochs=2)
+        b = _consumer(s, tmp_path, dataset, "b", epochs=2)
+        for r in (_result(*a), _result(*b)):
+            assert [e["count"] for e in r["epochs"]] == [50, 50] and all(e["missing"] == 0 for e in r["epochs"]), r
+        status = s.stop()
+        assert status["backend"] == "gpu" and status["memory"]["pool_on"] == "host"
+        decodes = status["decodes"]
+        assert decodes["device"] == "cpu" and decodes["on_cpu"] == status["total"]["preprocessed"] >= 50, status
+    finally:
+        s.proc.kill()
 
 
 def test_a_stale_socket_is_removed_with_a_message(tmp_path, dataset):

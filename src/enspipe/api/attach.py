@@ -31,6 +31,7 @@ import socket
 import numpy as np
 
 from enspipe.api.adapters import StreamAdapters
+from enspipe.api.stream import _host, _is_tensor
 from enspipe.plan.errors import ConfigError
 from enspipe.serve import wire
 
@@ -74,6 +75,24 @@ def _owner(path: str) -> str:
         return f" (the server of user {pwd.getpwuid(uid).pw_name})"
     except KeyError:
         return f" (the server of uid {uid})"
+
+
+def _gpu_pool(path: str, handle: dict | None) -> dict | None:
+    """A GPU pool's CUDA IPC handle, once this process can map it: torch with CUDA, the server's
+    GPU among those it sees; else a ConfigError. None for a pool in /dev/shm."""
+    if handle is None:
+        return None
+    fix = "attach from a process that sees the server's GPU, or start the server with --backend pillow"
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("attach", f"the server on {path} holds its pool on a GPU, and torch is not installed here",
+                          fix) from None
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if handle["device"] >= seen:
+        raise ConfigError("attach", f"the server on {path} holds its pool on its GPU {handle['device']}, and this "
+                          f"process sees {seen} GPUs", fix)
+    return handle
 
 
 def _digest(data: str) -> str:
@@ -120,10 +139,14 @@ class AttachedStream(StreamAdapters):
         from enspipe.serve.samples import Pool, PoolDenied
 
         try:
-            self._pool = Pool.open(info["pool"], info["slots"], tuple(info["shape"]), np.dtype(info["dtype"]))
+            self._pool = Pool.open(info["pool"], info["slots"], tuple(info["shape"]), np.dtype(info["dtype"]),
+                                   _gpu_pool(path, info.get("images")))
         except PoolDenied as e:
             self._sock.close()
             raise _denied(path, f"its pool is not this user's to read: {e}") from None
+        except ConfigError:
+            self._sock.close()
+            raise
         self.info, self.consumer = info, info["consumer"]
         self._ledger = EpochLedger(info["num_images"])
         self._held: list = []  # the last batch's slots, copied out: released with the next request
@@ -157,15 +180,19 @@ class AttachedStream(StreamAdapters):
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch of this consumer's stream, ``(images, labels)`` (read-only arrays of its own)."""
         images, meta, _ = self._next()
+        images = _host(images)
         images.flags.writeable = meta.flags.writeable = False
         return images, meta[:, 1]
 
     def _batches(self, writable: bool, tensors: bool = False):
-        """One epoch of numpy batches (``tensors``: the same; an attached stream's are in host memory)."""
+        """One epoch of numpy batches of its own; ``tensors``: a GPU pool's batches as tensors of
+        their own on its GPU (:meth:`torch`), else copied to host memory."""
         while True:
             images, meta, end = self._next()
-            if not writable:
-                images.flags.writeable = meta.flags.writeable = False
+            if not (tensors and _is_tensor(images)):
+                images = images.cpu().numpy() if _is_tensor(images) else images  # a copy of its own
+                if not writable:
+                    images.flags.writeable = meta.flags.writeable = False
             yield images, meta[:, 1]
             if end:
                 return
@@ -173,7 +200,7 @@ class AttachedStream(StreamAdapters):
     def _endless(self):
         while not self._closed:
             images, meta, _ = self._next()
-            yield images, meta[:, 1]  # an epoch's last batch may be smaller: no fixed batch dimension
+            yield _host(images), meta[:, 1]  # an epoch's last batch may be smaller: no fixed batch dimension
 
     def close(self) -> None:
         """Detach: the server lets go of what this consumer needed."""

@@ -33,6 +33,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    "must also hold batch_size x (2 + ahead) samples for each)")
     p.add_argument("--group", help="let this group's members attach (socket 0660, pool and status 0640 of that "
                    "group); default: the server's user alone (0600, whatever the umask)")
+    p.add_argument("--backend", default="pillow", choices=("pillow", "gpu"), help="pillow: worker processes on the "
+                   "CPU, the pool in /dev/shm; gpu: nvJPEG and torch ops on the GPU, the pool's images in its memory, "
+                   "mapped by each consumer through CUDA IPC (a built-in --preprocess; --memory is GPU memory)")
+    p.add_argument("--device", help="with --backend gpu: the GPU, cuda or cuda:K (default: this rank's on its node); "
+                   "cpu runs the same torch ops on the CPU")
     p.add_argument("--idle-exit", type=float, default=0.0, help="stop once no consumer has been attached for this "
                    "many seconds (0: serve until SIGTERM or Ctrl-C)")
     p.add_argument("--status", action="store_true", help="print the running server's status (SOCKET.status.json) "
@@ -57,7 +62,7 @@ def _serve(a: argparse.Namespace, fail: Fail) -> int:
                             wire_dtype=a.wire_dtype, fast_mode=a.fast_mode, seed=a.seed, workers=a.workers,
                             socket=a.socket.replace("{rank}", str(rank)) if a.socket else None, memory=a.memory,
                             ahead=a.ahead, status_interval=a.status_interval, max_consumers=a.max_consumers,
-                            group=a.group)
+                            group=a.group, backend=a.backend, device=a.device)
     except ConfigError as e:
         fail(str(e))
     comm = None
@@ -76,9 +81,14 @@ def _serve(a: argparse.Namespace, fail: Fail) -> int:
         problem = _ranks_agree(comm, opts, manifest, problem)
     if problem:
         fail(problem)
+    from enspipe.exchange.ipc import OutOfDeviceMemory
     from enspipe.serve.server import Server
 
-    Server(opts, manifest, say=say, idle_exit=a.idle_exit, comm=comm).serve()
+    try:
+        server = Server(opts, manifest, say=say, idle_exit=a.idle_exit, comm=comm)
+    except OutOfDeviceMemory as e:
+        fail(f"--memory: {e}; pass a smaller --memory, or free the GPU")
+    server.serve()
     return 0
 
 

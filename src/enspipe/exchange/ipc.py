@@ -54,6 +54,56 @@ def _segment(name: str, size: int, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
+def cuda_handle(tensor) -> dict:
+    """What another process on this host needs to map ``tensor`` (a CUDA tensor) through CUDA
+    IPC, as plain JSON values: torch's own sharing handles (``reduce_tensor``), the bytes as hex.
+    The exporting process keeps the tensor alive while any other maps it."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    _, (_, size, stride, offset, _, dtype, device, handle, nbytes, storage_offset, _, counter, counter_offset, event,
+        event_sync) = reduce_tensor(tensor)
+    return {"size": list(size), "stride": list(stride), "offset": offset, "dtype": str(dtype).removeprefix("torch."),
+            "device": device, "handle": _hex(handle), "nbytes": nbytes, "storage_offset": storage_offset,
+            "counter": _hex(counter), "counter_offset": counter_offset, "event": _hex(event),
+            "event_sync": bool(event_sync)}
+
+
+def mapped_cuda(handle: dict):
+    """The tensor :func:`cuda_handle` describes, mapped into this process (no copy)."""
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    h = handle
+    return rebuild_cuda_tensor(torch.Tensor, torch.Size(h["size"]), tuple(h["stride"]), h["offset"],
+                               torch.storage.TypedStorage, getattr(torch, h["dtype"]), h["device"],
+                               _unhex(h["handle"]), h["nbytes"], h["storage_offset"], False, _unhex(h["counter"]),
+                               h["counter_offset"], _unhex(h["event"]), h["event_sync"])
+
+
+def gpu_allocation(torch, shape: tuple, dtype, device, what: str):
+    """``torch.empty`` on a GPU; out of memory there raises :class:`OutOfDeviceMemory` naming
+    ``what`` was asked for, its size and what the GPU had free."""
+    try:
+        return torch.empty(shape, dtype=dtype, device=device)
+    except torch.cuda.OutOfMemoryError:
+        free, total = torch.cuda.mem_get_info(device)
+        asked = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        raise OutOfDeviceMemory(f"{what}: {asked / 2**20:.0f} MiB asked on {device}, which has {free / 2**20:.0f} MiB "
+                                f"free of {total / 2**20:.0f}") from None
+
+
+class OutOfDeviceMemory(MemoryError):
+    """A shared allocation that does not fit on its GPU, named with what was asked for."""
+
+
+def _hex(b) -> str | None:
+    return None if b is None else bytes(b).hex()
+
+
+def _unhex(s: str | None) -> bytes | None:
+    return None if s is None else bytes.fromhex(s)
+
+
 class IpcBatchWindow:
     """One group's ring of slots on its shared device (see the module's note).
 
@@ -73,9 +123,15 @@ class IpcBatchWindow:
         row = int(np.prod(image_shape)) * dtype.itemsize
         meta_bytes = _aligned(slots * max_batch * 4 * 8)
         ctrl_size, image_size = meta_bytes + SleepingBarrier.BYTES, slots * max_batch * row
-        names = self._made(ctrl_size, image_size, ranks[0]) if self.leader else None
-        box = [names]
+        box = [None]
+        if self.leader:
+            try:
+                box = [self._made(ctrl_size, image_size, ranks[0])]
+            except OutOfDeviceMemory as e:  # every member says why, not only the leader
+                box = [str(e)]
         dist.broadcast_object_list(box, src=ranks[0], group=pg)
+        if isinstance(box[0], str):
+            raise OutOfDeviceMemory(box[0])
         ctrl_name, images_handle = box[0]
         self._ctrl = _segment(ctrl_name, ctrl_size, create=False) if not self.leader else self._ctrl
         raw = np.frombuffer(self._ctrl, np.uint8)
@@ -93,19 +149,18 @@ class IpcBatchWindow:
     def _made(self, ctrl_size: int, image_size: int, leader: int) -> tuple:
         """The leader's segments (and GPU allocation); what the others need to map them."""
         stem = f"enspipe-ipc-{os.getpid()}-{leader}-{secrets.token_hex(4)}"
+        if self.on_gpu:  # (first: a GPU that cannot hold it leaves no file behind)
+            self._images_raw = gpu_allocation(self.torch, (image_size,), self.torch.uint8, self.device,
+                                              f"the group's ring of {self.slots} slots of {self.max_batch} images")
         self._ctrl = _segment(stem + "-ctrl", ctrl_size, create=True)
         if self.on_gpu:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            self._images_raw = self.torch.empty(image_size, dtype=self.torch.uint8, device=self.device)
-            return stem + "-ctrl", reduce_tensor(self._images_raw)
+            return stem + "-ctrl", cuda_handle(self._images_raw)
         self._images_raw = _segment(stem + "-images", max(image_size, 1), create=True)
         return stem + "-ctrl", stem + "-images"
 
     def _mapped(self, handle, image_size: int):
         if self.on_gpu:
-            rebuild, args = handle
-            return rebuild(*args)  # the leader's allocation, mapped through CUDA IPC
+            return mapped_cuda(handle)  # the leader's allocation, mapped through CUDA IPC
         return _segment(handle, max(image_size, 1), create=False)
 
     def _typed(self, raw, slots: int, max_batch: int, image_shape: tuple[int, ...], dtype: np.dtype):

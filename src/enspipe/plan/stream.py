@@ -210,28 +210,9 @@ class StreamConfig:
                 "build", f"use transport='mpi4py' with the {self.backend} backend")
 
     def _check_gpu_backend(self) -> None:
-        """The gpu backend needs CUDA and torchvision's nvJPEG decoder, and makes the built-in
-        preprocessings (enspipe.data.tensor_pixels)."""
-        from enspipe.data.tensor_pixels import TENSOR_PREPROCESSING
-
-        fix = "pass backend='pillow' (the CPU)"
-        require(not callable(self.preprocess), "preprocess", "the gpu backend runs its own preprocessings on the GPU, "
-                "not a function", f"pass preprocess='standard', or {fix} for your function")
-        require(self.preprocess in TENSOR_PREPROCESSING, "preprocess", f"the gpu backend makes "
-                f"{', '.join(TENSOR_PREPROCESSING)}, not {self.preprocess}", f"pick one of them, or {fix}")
         require(not self.decode_cache, "decode_cache", "the gpu backend decodes on the GPU, not from the cache",
                 "leave decode_cache out")
-        require(importlib.util.find_spec("torch") is not None, "backend", "the gpu backend needs torch", fix)
-        import torch
-
-        require(torch.cuda.is_available(), "backend", f"the gpu backend decodes on a GPU, and CUDA is not available "
-                f"here (torch {torch.__version__}, {torch.cuda.device_count()} GPUs visible)", fix)
-        try:
-            from torchvision.io import decode_jpeg  # noqa: F401
-        except Exception as e:  # noqa: BLE001 - not installed, or a build that does not match torch's
-            raise ConfigError("backend", f"the gpu backend decodes with torchvision's nvJPEG, and torchvision does not "
-                              f"import here ({type(e).__name__}: {e})", f"pip install the torchvision of torch "
-                              f"{torch.__version__}, or {fix}") from None
+        check_gpu_backend(self.preprocess)
 
     def _check_device(self) -> None:
         """``device`` names a torch device the torch transport can exchange on, here."""
@@ -285,6 +266,24 @@ class StreamConfig:
             return manifest, probe_preprocess(self.preprocess, manifest, self.seed)
         except PreprocessError as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
+
+
+def check_gpu_backend(preprocess, fix: str = "pass backend='pillow' (the CPU)") -> None:
+    """The gpu backend needs CUDA and torchvision's nvJPEG decoder here, and makes the built-in
+    preprocessings (enspipe.data.tensor_pixels), not a user's function: else a ConfigError."""
+    require(not callable(preprocess) and preprocess in BUILTIN_PREPROCESSING, "preprocess", "the gpu backend runs its "
+            "own preprocessings on the GPU, not a function", f"pass preprocess='standard', or {fix} for your function")
+    require(importlib.util.find_spec("torch") is not None, "backend", "the gpu backend needs torch", fix)
+    import torch
+
+    require(torch.cuda.is_available(), "backend", f"the gpu backend decodes on a GPU, and CUDA is not available "
+            f"here (torch {torch.__version__}, {torch.cuda.device_count()} GPUs visible)", fix)
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - not installed, or a build that does not match torch's
+        raise ConfigError("backend", f"the gpu backend decodes with torchvision's nvJPEG, and torchvision does not "
+                          f"import here ({type(e).__name__}: {e})", f"pip install the torchvision of torch "
+                          f"{torch.__version__}, or {fix}") from None
 
 
 def checked_manifest(data: str):

@@ -46,8 +46,28 @@ def prepare(opts: ServeOptions, say):
         opts.load_transform(m)
     problem = opts.slots_problem()
     require(problem is None, "memory", f"{problem}", "pass a larger --memory, or a smaller --batch-size")
+    if opts.on_gpu:
+        _check_gpu(opts)
     free = shm_free_bytes()
-    require(free is None or opts.memory <= free, "memory", f"{opts.memory} bytes asked, /dev/shm has {free} free",
+    in_shm = opts.slots * 16 if opts.on_gpu else opts.memory  # a GPU pool's rows alone are in /dev/shm
+    require(free is None or in_shm <= free, "memory", f"{in_shm} bytes asked, /dev/shm has {free} free",
             "pass a smaller --memory, or free /dev/shm")
     claim_socket(opts.socket, say)
     return m
+
+
+def _check_gpu(opts: ServeOptions) -> None:
+    """The gpu backend can run here (CUDA, nvJPEG), on a GPU this process sees, with room for the pool."""
+    from enspipe.plan.stream import check_gpu_backend
+
+    check_gpu_backend(opts.preprocess, fix="pass --backend pillow (the CPU)")
+    import torch
+
+    from enspipe.engine.backends.gpu import member_gpu
+
+    device = member_gpu(opts.device)
+    require(device.index is None or device.index < torch.cuda.device_count(), "device", f"{opts.device}: this "
+            f"process sees {torch.cuda.device_count()} GPUs", "pass a GPU it sees, or leave --device out")
+    free, _ = torch.cuda.mem_get_info(device)
+    require(opts.memory <= free, "memory", f"the pool of {opts.slots} samples ({opts.memory} bytes) does not fit on "
+            f"{device}, which has {free} bytes free", "pass a smaller --memory, or free the GPU")

@@ -25,7 +25,6 @@ import numpy as np
 
 IDLE_WAIT_S = 0.01   # a round with nothing asked waits this long for a consumer's request, doubling
 MAX_IDLE_WAIT_S = 0.1  # up to this while the rounds stay empty (an idle job costs about 1 % of a core)
-CHUNK = 4            # samples per preprocessing task, as the server's
 POLL_S = 0.0005      # ranks meet at a non-blocking barrier, polled: a rank that waits sleeps, not spins
 MAX_POLL_S = 0.004   # the poll's pause doubles from POLL_S up to this while the others are busy
 
@@ -106,15 +105,15 @@ class Mesh:
     def _make(self, samples: list, positions: list) -> tuple[np.ndarray, dict]:
         """This rank's copies (in the order given) and, per sample, ``(id, label, problem)``: made
         in chunks on the server's threads, each with its worker process."""
-        pool, maker = self.server.pool, self.server.maker
+        pool, maker, chunk = self.server.pool, self.server.maker, self.server.chunk
         images = np.zeros((len(samples), *pool.shape), pool.dtype)
-        spans = [range(i, min(i + CHUNK, len(samples))) for i in range(0, len(samples), CHUNK)]
+        spans = [range(i, min(i + chunk, len(samples))) for i in range(0, len(samples), chunk)]
         futures = [self.server.workers.submit(maker.make, [samples[j] for j in r], [positions[j] for j in r])
                    for r in spans]
         rows = {}
         for r, future in zip(spans, futures):
             made, got = future.result()
-            images[r.start:r.stop] = made
+            images[r.start:r.stop] = made.cpu().numpy() if hasattr(made, "cpu") else made  # MPI's are host copies
             for j, (sid, label, problem) in zip(r, got):
                 rows[samples[j]] = (sid, label, None) if problem is None else (-1, -1, problem)
         return images, rows
@@ -147,7 +146,7 @@ class Mesh:
         """Every copy this rank keeps (union sample ``i`` is ``copies[where[i]]``) written into its
         slots, and ready for the consumers waiting."""
         s = self.server
-        failed, woken = [], set()
+        failed, woken, filled, rows, meta = [], set(), [], [], []
         with s.cond:
             for i, sample in enumerate(union):
                 sid, label, problem = made[sample]
@@ -160,10 +159,12 @@ class Mesh:
                     failed.append(problem)
                     continue
                 self.counts["received"] += len(slots) * (i % self.size != self.rank)
-                for slot in slots:
-                    s.pool.images[slot] = copies[where[i]]
-                    s.pool.meta[slot] = (sid, label)
-                    woken |= s.sched.made_one(slot)
+                filled += slots
+                rows += [where[i]] * len(slots)
+                meta += [(sid, label)] * len(slots)
+            s.pool.put(filled, copies[rows], meta)
+            for slot in filled:
+                woken |= s.sched.made_one(slot)
             for problem in failed:
                 s.status.failed(problem)
             if failed:

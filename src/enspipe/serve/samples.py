@@ -48,18 +48,23 @@ class SampleSource:
 
 
 class Pool:
-    """``slots`` preprocessed samples and their ``[id, label]`` rows in one node-shared file,
-    created by the server (:meth:`create`) and mapped read-only by each consumer (:meth:`open`).
+    """``slots`` preprocessed samples and their ``[id, label]`` rows, created by the server
+    (:meth:`create`) and mapped read-only by each consumer (:meth:`open`): one node-shared file,
+    or, for a pool on a GPU (``--backend gpu``), the rows in that file and the images in the
+    server's allocation on the GPU, which each consumer maps through CUDA IPC (:attr:`handle`).
 
     The server holds the file's owner lock (:mod:`enspipe.common.ownerlock`) for as long as it
     lives: a pool whose lock anyone can take is a dead server's, removed at once by the next server
     to start and by a consumer that finds its server gone (:func:`reap`)."""
 
-    def __init__(self, path: str, slots: int, shape: tuple, dtype, fd: int | None = None):
+    def __init__(self, path: str, slots: int, shape: tuple, dtype, fd: int | None = None, device=None,
+                 handle: dict | None = None):
         """``fd``: the server's own descriptor of the file it created (holding its lock); None
-        for a consumer, which maps it read-only."""
+        for a consumer, which maps it read-only. ``device``: the server's CUDA device (the images
+        there); ``handle``: a consumer's way to them (:func:`enspipe.exchange.ipc.cuda_handle`)."""
         self.path, self.slots, self.shape, self.dtype = path, int(slots), tuple(shape), np.dtype(dtype)
-        image_bytes = self.slots * int(np.prod(self.shape)) * self.dtype.itemsize
+        on_gpu = device is not None or handle is not None
+        image_bytes = 0 if on_gpu else self.slots * int(np.prod(self.shape)) * self.dtype.itemsize
         size = image_bytes + self.slots * 16
         self._owner = fd
         if fd is not None:
@@ -75,14 +80,30 @@ class Pool:
                 self._map = mmap.mmap(ro, size, prot=mmap.PROT_READ)
             finally:
                 os.close(ro)
-        self.images = np.frombuffer(self._map, self.dtype, self.slots * int(np.prod(self.shape)), 0).reshape(
-            (self.slots, *self.shape))
         self.meta = np.frombuffer(self._map, np.int64, self.slots * 2, image_bytes).reshape(self.slots, 2)
+        self.handle, self.torch = None, None
+        if not on_gpu:
+            self.images = np.frombuffer(self._map, self.dtype, self.slots * int(np.prod(self.shape)), 0).reshape(
+                (self.slots, *self.shape))
+            return
+        import torch
+
+        from enspipe.exchange import ipc
+
+        self.torch = torch
+        if handle is not None:
+            self.images = ipc.mapped_cuda(handle)
+            return
+        self.images = ipc.gpu_allocation(torch, (self.slots, *self.shape), getattr(torch, self.dtype.name), device,
+                                         f"the pool of {self.slots} samples")
+        self.handle = ipc.cuda_handle(self.images)
 
     @classmethod
-    def create(cls, slots: int, shape: tuple, dtype, mode: int = 0o600, gid: int | None = None, say=None) -> "Pool":
+    def create(cls, slots: int, shape: tuple, dtype, mode: int = 0o600, gid: int | None = None, say=None,
+               device=None) -> "Pool":
         """A new pool, ``mode`` exactly whatever the umask (``gid``: its group), after removing
-        every pool of this user's servers that died without removing theirs."""
+        every pool of this user's servers that died without removing theirs; ``device``: a CUDA
+        device for the images."""
         from secrets import token_hex
 
         from enspipe.common.ownerlock import create_locked
@@ -93,23 +114,46 @@ class Pool:
         try:
             if gid is not None:
                 os.fchown(fd, -1, gid)
-            return cls(path, slots, shape, dtype, fd=fd)
+            return cls(path, slots, shape, dtype, fd=fd, device=device)
         except BaseException:
             os.remove(path)
             os.close(fd)
             raise
 
     @classmethod
-    def open(cls, path: str, slots: int, shape: tuple, dtype) -> "Pool":
-        return cls(path, slots, shape, dtype)
+    def open(cls, path: str, slots: int, shape: tuple, dtype, handle: dict | None = None) -> "Pool":
+        return cls(path, slots, shape, dtype, handle=handle)
 
     @property
     def bytes(self) -> int:
-        return len(self._map)
+        """The pool's size: the file's, and the images' on the GPU."""
+        on_gpu = 0 if self.torch is None else self.slots * int(np.prod(self.shape)) * self.dtype.itemsize
+        return len(self._map) + on_gpu
 
-    def gather(self, slots: list) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of these slots' images and ``[id, label]`` rows: the consumer's own batch."""
-        return np.take(self.images, slots, axis=0), np.take(self.meta, slots, axis=0)
+    def put(self, slots: list, images, meta) -> None:
+        """The server's: ``images[i]`` (an array or a tensor) and ``meta[i]`` (``[id, label]``)
+        into ``slots[i]``; on a GPU, finished before it returns (a consumer told of the slots
+        reads them from its own stream)."""
+        if not len(slots):
+            return
+        self.meta[slots] = meta
+        if self.torch is None:
+            self.images[slots] = images.cpu().numpy() if hasattr(images, "cpu") else images
+            return
+        torch = self.torch
+        x = torch.as_tensor(images).to(self.images.device, non_blocking=False)
+        self.images.index_copy_(0, torch.as_tensor(slots, device=self.images.device), x)
+        torch.cuda.current_stream(self.images.device).synchronize()
+
+    def gather(self, slots: list) -> tuple:
+        """Copies of these slots' images and ``[id, label]`` rows: the consumer's own batch (on a
+        GPU pool, a tensor on that GPU, finished before it returns: the slots may then be released)."""
+        meta = np.take(self.meta, slots, axis=0)
+        if self.torch is None:
+            return np.take(self.images, slots, axis=0), meta
+        images = self.images.index_select(0, self.torch.as_tensor(slots, device=self.images.device))
+        self.torch.cuda.current_stream(self.images.device).synchronize()
+        return images, meta
 
     def close(self, unlink: bool = False) -> None:
         self.images = self.meta = None
@@ -188,23 +232,68 @@ class SampleMaker:
         """The samples preprocessed with the draws of their stream positions: ``(images, rows)``,
         a row ``(id, label, problem)`` per sample, ``problem`` None or why it could not be made
         (its image then undefined)."""
-        rows, encoded = [], []
-        for s in samples:
-            try:
-                data, label, sid, key = self.source.read(s)
-                rows.append([sid, label, None, key])
-            except (DataError, OSError) as e:
-                data = b""
-                rows.append([-1, -1, str(e), None])
-            encoded.append(data)
+        encoded, rows = read(self.source, samples)
         images, failed = self._pool().map(encoded, positions, [r[0] for r in rows], [0] * len(samples))
-        for i, why in failed.items():
-            if rows[i][2] is None:
-                rows[i][2] = f"{rows[i][3]}: undecodable image ({why})"
-        return images, [(sid, label, problem) for sid, label, problem, _ in rows]
+        return images, made_rows(rows, failed)
 
     def close(self) -> None:
         with self._lock:
             pools, self._pools = self._pools, []
         for pool in pools:
             pool.close()
+
+
+def read(source: SampleSource, samples: list) -> tuple[list, list]:
+    """The samples' encoded bytes (empty for one that cannot be read) and a row ``[id, label,
+    problem, key]`` each."""
+    rows, encoded = [], []
+    for s in samples:
+        try:
+            data, label, sid, key = source.read(s)
+            rows.append([sid, label, None, key])
+        except (DataError, OSError) as e:
+            data = b""
+            rows.append([-1, -1, str(e), None])
+        encoded.append(data)
+    return encoded, rows
+
+
+def made_rows(rows: list, failed: dict) -> list:
+    """``(id, label, problem)`` per sample: its read problem, or why its image was undecodable."""
+    for i, why in failed.items():
+        if rows[i][2] is None:
+            rows[i][2] = f"{rows[i][3]}: undecodable image ({why})"
+    return [(sid, label, problem) for sid, label, problem, _ in rows]
+
+
+class TensorSampleMaker:
+    """Samples read and preprocessed by the gpu backend (:class:`enspipe.engine.backends.gpu.TensorEngine`):
+    a chunk's JPEGs decoded together by nvJPEG on the server's GPU and augmented there, so its
+    images are tensors on that GPU (``device="cpu"``: the same ops on CPU tensors). A sample
+    nvJPEG refuses is decoded on the CPU and counted (:attr:`decodes`)."""
+
+    def __init__(self, source: SampleSource, opts):
+        from enspipe.engine.backends.gpu import tensor_engine
+
+        self.source = source
+        self.engine = tensor_engine(opts.preprocess, opts.image_size, opts.wire_dtype, opts.seed, True, opts.device,
+                                    opts.fast_mode)
+        self.device = self.engine.device
+        self._lock = threading.Lock()  # one chunk on the device at a time: the decoder's handle is shared
+
+    @property
+    def decodes(self) -> dict:
+        return self.engine.decodes
+
+    def make(self, samples: list, positions: list) -> tuple:
+        """As :meth:`SampleMaker.make`, the images one tensor on the device (zeros where a sample failed)."""
+        encoded, rows = read(self.source, samples)
+        with self._lock:
+            kept, failed = self.engine.augment(encoded, positions)
+            images = kept.new_zeros((len(samples), *kept.shape[1:]))
+            ok = [i for i in range(len(samples)) if i not in failed]
+            images[ok] = kept
+        return images, made_rows(rows, failed)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -25,12 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from enspipe.common.atomic import write_json_atomic
 from enspipe.serve import wire
-from enspipe.serve.samples import Pool, SampleMaker, SampleSource
+from enspipe.serve.samples import Pool, SampleMaker, SampleSource, TensorSampleMaker
 from enspipe.serve.schedule import Scheduler
 from enspipe.serve.status import Status
 
 HELLO_TIMEOUT_S = 10.0
-CHUNK = 4  # samples per preprocessing task
+CHUNK = 4  # samples per preprocessing task (the pillow backend's)
+MAKERS = {"pillow": SampleMaker, "gpu": TensorSampleMaker}  # by ServeOptions.backend
 
 
 def status_path(sock: str) -> str:
@@ -47,18 +48,26 @@ class Server:
 
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
         shape, dtype = output_spec(opts.preprocessing, opts.image_size, opts.wire_dtype)
-        self.pool = Pool.create(opts.slots, shape, dtype, mode=opts.file_mode, gid=opts.gid, say=say)
+        self.source = SampleSource(manifest)
+        self.maker = MAKERS[opts.backend](self.source, opts)  # pillow: each thread below runs a worker process
+        device = self.maker.device if opts.on_gpu else None
+        self.pool = Pool.create(opts.slots, shape, dtype, mode=opts.file_mode, gid=opts.gid, say=say, device=device)
         self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)  # the lock; notified where every waiter should look
         self.wakers: dict[int, threading.Condition] = {}  # a consumer's own, on the same lock
-        self.source = SampleSource(manifest)
-        self.maker = SampleMaker(self.source, opts)  # each of the threads below runs a worker process
-        self.workers = ThreadPoolExecutor(opts.workers or len(os.sched_getaffinity(0)), thread_name_prefix="enspipe-serve")
+        # the gpu backend decodes a batch's chunk in one call, two chunks in flight; the pillow one a few samples
+        # per task on every core
+        self.chunk = CHUNK if opts.backend == "pillow" else opts.batch_size
+        threads = opts.workers or (len(os.sched_getaffinity(0)) if opts.backend == "pillow" else 2)
+        self.workers = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-serve")
         self.positions = itertools.count()
         self.ids = itertools.count()
         self.stopping = threading.Event()
         self.status = Status(self.sched, opts, self.pool.bytes)
+        if opts.backend == "gpu":
+            self.status.decodes = lambda: self.maker.decodes
+            self.status.pool_device = str(device) if device is not None else "host"
         self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}
         self.mesh = None
         if comm is not None:
@@ -219,7 +228,7 @@ class Server:
             self.sched.attach(cid)
             self.wakers[cid] = threading.Condition(self.lock)
             self.status.attached(cid, conn, hello)
-        wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots,
+        wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots, "images": self.pool.handle,
                          "shape": list(self.pool.shape), "dtype": self.pool.dtype.str,
                          "num_images": self.m.num_images, "num_classes": self.m.num_classes,
                          "pid": os.getpid(), **self.info})
@@ -300,14 +309,15 @@ class Server:
         if self.mesh:
             self.mesh.queue(jobs)
             return
-        for i in range(0, len(jobs), CHUNK):
-            self.workers.submit(self._make, [(s, slot, next(self.positions)) for s, slot in jobs[i:i + CHUNK]])
+        for i in range(0, len(jobs), self.chunk):
+            self.workers.submit(self._make, [(s, slot, next(self.positions)) for s, slot in jobs[i:i + self.chunk]])
 
     def _make(self, chunk: list) -> None:
         if self.stopping.is_set():
             return
         try:
             images, rows = self.maker.make([s for s, _, _ in chunk], [position for _, _, position in chunk])
+            done, failed = self._put(chunk, images, rows)
         except BaseException as e:  # noqa: BLE001 - a bug: say it and stop serving rather than hang everyone
             self.say(f"error: preprocessing samples {[s for s, _, _ in chunk]} failed: {type(e).__name__}: {e}; "
                      "stopping")
@@ -315,14 +325,6 @@ class Server:
             with self.cond:
                 self._wake_all()
             return
-        done, failed = [], []
-        for (_, slot, _), image, (sid, label, problem) in zip(chunk, images, rows):
-            if problem is not None:
-                failed.append((slot, problem))
-                continue
-            self.pool.images[slot] = image
-            self.pool.meta[slot] = (sid, label)
-            done.append(slot)
         with self.cond:
             woken = set()
             for slot in done:
@@ -336,3 +338,17 @@ class Server:
                 self._wake(woken)
         for _, problem in failed:
             self.say(f"left out of every epoch: {problem}")
+
+    def _put(self, chunk: list, images, rows: list) -> tuple[list, list]:
+        """The chunk's samples that were made, written into their slots: ``(their slots, [(slot,
+        problem)] of those that failed)``."""
+        done, failed, keep, meta = [], [], [], []
+        for i, ((_, slot, _), (sid, label, problem)) in enumerate(zip(chunk, rows)):
+            if problem is not None:
+                failed.append((slot, problem))
+                continue
+            done.append(slot)
+            keep.append(i)
+            meta.append((sid, label))
+        self.pool.put(done, images[keep], meta)
+        return done, failed

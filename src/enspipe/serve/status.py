@@ -32,6 +32,8 @@ class Status:
         self._last = self._counters()
         self._cpu_first_attach = None  # the server's CPU when its first consumer attached
         self.extra = None  # a rank's part in an MPI server (enspipe.serve.mesh), as a callable
+        self.decodes = None  # the gpu backend's images decoded on the device and on the CPU, as a callable
+        self.pool_device = "host"  # where the pool's images are: /dev/shm, or a GPU
 
     def attached(self, cid: int, conn: socket.socket, hello: dict) -> None:
         if self._cpu_first_attach is None:
@@ -95,7 +97,8 @@ class Status:
                  "left_out": list(self.failures)}
         return {"state": state, "pid": os.getpid(), "socket": self.opts.socket, "data": str(self.opts.data),
                 "num_images": self.sched.n, "batch_size": self.opts.batch_size,
-                "memory": {"budget_bytes": self.opts.memory, "pool_bytes": self.pool_bytes,
+                "backend": self.opts.backend, **({"decodes": self.decodes()} if self.decodes else {}),
+                "memory": {"budget_bytes": self.opts.memory, "pool_bytes": self.pool_bytes, "pool_on": self.pool_device,
                            "held_bytes": self.sched.occupied() * self.opts.sample_bytes,
                            "cached_bytes": (self.sched.occupied() - self.sched.in_use()) * self.opts.sample_bytes,
                            "slots": self.sched.slots, "slots_in_use": self.sched.in_use(),

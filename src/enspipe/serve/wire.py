@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import struct
 import tempfile
@@ -24,6 +25,7 @@ from enspipe.plan.stream import BUILTIN_PREPROCESSING
 
 PREPROCESSING = BUILTIN_PREPROCESSING  # the built-ins, the pillow backend's
 WIRE_DTYPES = ("float32", "uint8")
+SERVE_BACKENDS = ("pillow", "gpu")  # who makes the samples: worker processes on the CPU, or the gpu backend
 HEADER = struct.Struct("!I")
 MAX_MESSAGE = 1 << 20  # the largest message (a batch's slot list) is a few kB
 # the hello fields a consumer may state; where stated they must be the server's
@@ -77,6 +79,11 @@ class ServeOptions:
     status file's updates (``SOCKET.status.json``), each a window of the rates it shows;
     ``max_consumers``: consumers attached at once.
 
+    ``backend``: ``pillow`` (worker processes on the CPU; the pool in /dev/shm) or ``gpu`` (nvJPEG
+    and torch ops on ``device``, default the GPU of this process's local rank; the pool's images
+    in that GPU's memory, mapped by every consumer through CUDA IPC, ``memory`` counting them).
+    ``device="cpu"`` runs the gpu backend's ops on CPU tensors into a /dev/shm pool.
+
     Access: the socket, the pool and the status file are the server's user's alone (modes 0600,
     whatever the umask), and the server refuses a peer of another user. ``group`` (a group name
     or id that this user is in) lets that group's members attach on purpose: socket 0660, pool and
@@ -97,6 +104,8 @@ class ServeOptions:
     status_interval: float = 2.0
     max_consumers: int = 64
     group: str | int | None = None
+    backend: str = "pillow"
+    device: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -115,6 +124,14 @@ class ServeOptions:
                 f"unknown preprocessing {self.preprocess!r}", f"choose one of {', '.join(PREPROCESSING)}, or name "
                 "your own augmentation package.module:function (see enspipe.data.transforms)")
         object.__setattr__(self, "_transform", None)
+        require(self.backend in SERVE_BACKENDS, "backend", f"unknown backend {self.backend!r}",
+                f"choose one of {', '.join(SERVE_BACKENDS)}")
+        require(self.backend == "pillow" or not self.own_preprocess, "preprocess", "the gpu backend runs its own "
+                f"preprocessings on the GPU, not {self.preprocess}", "pass a built-in --preprocess, or --backend "
+                "pillow for your augmentation")
+        require(self.device is None or (self.backend == "gpu" and bool(re.fullmatch(r"cpu|cuda(:\d+)?",
+                str(self.device)))), "device", f"{self.device!r} is not a device the gpu backend serves from",
+                "pass --backend gpu with --device cuda, cuda:K or cpu, or leave --device out")
         require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
                 f"choose one of {', '.join(WIRE_DTYPES)}")
         require(self.status_interval > 0, "status_interval", f"must be > 0, got {self.status_interval!r}",
@@ -165,6 +182,11 @@ class ServeOptions:
                                                          self.seed))
         except (NotLoadable, PreprocessError) as e:
             raise ConfigError("preprocess", e.problem, e.fix) from None
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the samples are made, and the pool held, on a GPU."""
+        return self.backend == "gpu" and self.device != "cpu"
 
     @property
     def sample_bytes(self) -> int:

@@ -50,9 +50,20 @@ def member_gpu(device=None):
 
 
 def engine(spec: PrepSpec) -> "TensorEngine":
-    device = member_gpu(spec.device)
-    return TensorEngine(spec.preprocessing, spec.size, spec.wire_dtype, spec.prep_seed, spec.skip_corrupt, device,
-                        NvJpeg(device), fast_mode=spec.fast_mode, fused=spec.impl == "fused-colour")
+    return tensor_engine(spec.preprocessing, spec.size, spec.wire_dtype, spec.prep_seed, spec.skip_corrupt,
+                         spec.device, spec.fast_mode, spec.impl == "fused-colour")
+
+
+def tensor_engine(preprocessing: str, size: int, wire_dtype: str, prep_seed: int, skip_corrupt: bool, device=None,
+                  fast_mode: bool = False, fused: bool = False) -> "TensorEngine":
+    """The engine on the member's GPU (:func:`member_gpu`) with nvJPEG, or on ``device="cpu"``
+    with the CPU decoder (the same ops on CPU tensors)."""
+    import torch
+
+    where = torch.device(device) if device is not None and torch.device(device).type == "cpu" else member_gpu(device)
+    decoder = CpuDecoder(where) if where.type == "cpu" else NvJpeg(where)
+    return TensorEngine(preprocessing, size, wire_dtype, prep_seed, skip_corrupt, where, decoder, fast_mode=fast_mode,
+                        fused=fused)
 
 
 class CpuDecoder:
@@ -134,33 +145,33 @@ class TensorEngine:
         on_cpu = getattr(self.decode, "cpu_decoded", self.images if isinstance(self.decode, CpuDecoder) else 0)
         return {"device": str(self.device), "on_device": self.images - on_cpu, "on_cpu": on_cpu}
 
-    def _augmented(self, item: dict) -> tuple[list, dict[int, str]]:
+    def augment(self, encoded: list, positions: list) -> tuple:
+        """Images decoded and preprocessed with the draws of their stream positions: the kept ones
+        as one ``(k, S, S, 3)`` tensor as it travels, and ``{index: why}`` for those that could
+        not be decoded."""
         from enspipe.data.pixels import generator
+        from enspipe.data.tensor_pixels import to_wire
 
-        decoded = self.decode(list(item["encoded"]))
+        decoded = self.decode(list(encoded))
         out, failed = [], {}
-        for i, (image, position) in enumerate(zip(decoded, item["position"].tolist())):
+        for i, (image, position) in enumerate(zip(decoded, positions)):
             if isinstance(image, str):
                 failed[i] = image
                 continue
             out.append(self.train(image, self.size, generator(self.prep_seed, position)))
         self.images += len(decoded) - len(failed)
-        return out, failed
+        if out:
+            return to_wire(self.preprocessing, self.torch.stack(out), self.wire_dtype), failed
+        dtype = self.torch.float32 if self.wire_dtype == "float32" else self.torch.uint8
+        return self.torch.zeros((0, self.size, self.size, 3), dtype=dtype, device=self.device), failed
 
     def run(self, take):
-        from enspipe.data.tensor_pixels import to_wire
-
         torch = self.torch
         while True:
             item = take()
             t = time.perf_counter()
-            out, failed = self._augmented(item)
+            images, failed = self.augment(item["encoded"], item["position"].tolist())
             ok = kept(item, failed, self.skip_corrupt)
-            if out:
-                images = to_wire(self.preprocessing, torch.stack(out), self.wire_dtype)
-            else:  # every image of the slice skipped
-                dtype = torch.float32 if self.wire_dtype == "float32" else torch.uint8
-                images = torch.zeros((0, self.size, self.size, 3), dtype=dtype, device=self.device)
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # the seconds count the GPU's work
             yield item, images, meta_rows(item)[ok], time.perf_counter() - t
