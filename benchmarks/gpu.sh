@@ -6,12 +6,16 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
 #     -d .whl mpich==5.0.2 mpi4py==4.1.2 google-crc32c jsonschema jsonschema-specifications referencing rpds-py \
-#     pytest pluggy iniconfig
-#   WHEELS=.whl OUT=results/gpu bash benchmarks/gpu.sh    # on the GPU node, in the repository's root
+#     pytest pluggy iniconfig tensorsocket pyzmq tornado
+#   WHEELS=.whl OUT=results/gpu PARTS="checks feed" bash benchmarks/gpu.sh    # on the GPU node, in the repository's root
+#
+# PARTS (default: all of them) picks the parts, in this order: checks (the GPU-only tests), feed
+# (benchmarks/feed.py: members fed seven ways on the one GPU), rates, scaling, cells. One command
+# may run 10 minutes: "checks feed" fit one.
 #
 # They go into the node's own Python environment (its MPICH's mpiexec beside its python3), and
 # enspipe runs from src/. Each part has its own time limit, so a part that fails or overruns
-# leaves the others' results. Writes $OUT/gpu_rates.json, $OUT/scaling.json (one member's pillow
+# leaves the others' results. Writes $OUT/feed.json, $OUT/gpu_rates.json, $OUT/scaling.json (one member's pillow
 # engine at 1, 2, 4, ... cores), $OUT/gpu_cells.json, the NVML and
 # nvidia-smi logs and every cell's summary (summaries.tar.gz); the log goes to stdout.
 set -u
@@ -28,22 +32,35 @@ echo "cpus: $(nproc); $(grep -m1 "model name" /proc/cpuinfo); RAPL: $(ls /sys/cl
 mpiexec -n 2 "$PY" -c "from mpi4py import MPI; c = MPI.COMM_WORLD; r = c.gather(c.rank); c.rank or print('mpi ranks', r, 'of', c.size, MPI.Get_library_version().split(chr(10))[0])" || exit 1
 "$PY" -c "import enspipe, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 1
 
-# what CI runs on the CPU only: nvJPEG and the gpu backend's values, two members' ring through CUDA IPC
-timeout "${CHECKS_SECONDS:-150}" "$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs tests/test_gpu_backend.py \
-  tests/test_torch_transport.py -k "nvjpeg or engine_on_the_gpu or cuda_ipc"
-echo "gpu_checks: exit $?"
+PARTS=" ${PARTS:-checks feed rates scaling cells} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 
-timeout "${RATES_SECONDS:-240}" "$PY" benchmarks/gpu_rates.py --out "$OUT/gpu_rates.json" \
-  --steps 20 --warmup 5 --repeats 2 --seconds 1.5 ${RATES_ARGS:-}
-echo "gpu_rates: exit $?"
-timeout "${SCALING_SECONDS:-150}" "$PY" benchmarks/scaling.py --backends pillow --preprocess inception,standard \
-  --repeats 1 --images-per-core 256 --json "$OUT/scaling.json" ${SCALING_ARGS:-}
-echo "scaling: exit $?"
-CELLS_OUT=${CELLS_OUT:-/tmp/gpu-cells}  # the cells' folders; what comes back is copied to $OUT
-timeout "${CELLS_SECONDS:-330}" "$PY" benchmarks/gpu_cells.py --out "$CELLS_OUT" --images 512 \
-  --steps 30 --warmup 3 --repeats 2 ${CELLS_ARGS:-}
-echo "gpu_cells: exit $?"
-for f in gpu_cells.json nvml_samples.csv nvidia_smi.csv enspipe_nvml_samples.json summaries.tar.gz; do
-  if [ -f "$CELLS_OUT/$f" ]; then cp "$CELLS_OUT/$f" "$OUT/"; fi
-done
+if part checks; then  # what CI skips without CUDA: nvJPEG and the gpu backend's values, the CUDA IPC ring and pool
+  timeout "${CHECKS_SECONDS:-150}" "$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs tests/test_gpu_backend.py \
+    tests/test_torch_transport.py -k "nvjpeg or engine_on_the_gpu or cuda_ipc"
+  echo "gpu_checks: exit $?"
+fi
+if part feed; then
+  timeout "${FEED_SECONDS:-420}" "$PY" benchmarks/feed.py --out "$OUT" --budget 330 ${FEED_ARGS:-}
+  echo "feed: exit $?"
+fi
+if part rates; then
+  timeout "${RATES_SECONDS:-240}" "$PY" benchmarks/gpu_rates.py --out "$OUT/gpu_rates.json" \
+    --steps 20 --warmup 5 --repeats 2 --seconds 1.5 ${RATES_ARGS:-}
+  echo "gpu_rates: exit $?"
+fi
+if part scaling; then
+  timeout "${SCALING_SECONDS:-150}" "$PY" benchmarks/scaling.py --backends pillow --preprocess inception,standard \
+    --repeats 1 --images-per-core 256 --json "$OUT/scaling.json" ${SCALING_ARGS:-}
+  echo "scaling: exit $?"
+fi
+if part cells; then
+  CELLS_OUT=${CELLS_OUT:-/tmp/gpu-cells}  # the cells' folders; what comes back is copied to $OUT
+  timeout "${CELLS_SECONDS:-330}" "$PY" benchmarks/gpu_cells.py --out "$CELLS_OUT" --images 512 \
+    --steps 30 --warmup 3 --repeats 2 ${CELLS_ARGS:-}
+  echo "gpu_cells: exit $?"
+  for f in gpu_cells.json nvml_samples.csv nvidia_smi.csv enspipe_nvml_samples.json summaries.tar.gz; do
+    if [ -f "$CELLS_OUT/$f" ]; then cp "$CELLS_OUT/$f" "$OUT/"; fi
+  done
+fi
 ls -la "$OUT"

@@ -213,7 +213,8 @@ def _hsv_to_rgb(h, s, v):
     f = h - sector
     p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
     sector = sector.long()
-    table = torch.stack([v, q, p, p, t, v, t, v, v, q, p, p, p, p, t, v, v, q]).view(3, 6, *v.shape)  # r, g, b by sector
+    # r, g and b in each of the six sectors
+    table = torch.stack([v, q, p, p, t, v, t, v, v, q, p, p, p, p, t, v, v, q]).view(3, 6, *v.shape)
     return table.gather(1, sector.unsqueeze(0).unsqueeze(0).expand(3, 1, *v.shape)).squeeze(1)
 
 
