@@ -228,6 +228,23 @@ def test_a_gpu_pools_handle_travels_as_json(monkeypatch):
     assert got == [fields]
 
 
+def test_a_gpu_allocation_that_does_not_fit_names_what_was_asked(monkeypatch):
+    """CUDA's out-of-memory at start, as the ring and the serve pool report it (torch's two calls
+    stood in for): what was asked for, in MiB, and what the GPU had free."""
+    from enspipe.exchange import ipc
+
+    def empty(shape, dtype=None, device=None):
+        if device is not None:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return torch.zeros(shape, dtype=dtype)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (512 << 20, 80 << 30))
+    with pytest.raises(ipc.OutOfDeviceMemory) as e:
+        ipc.gpu_allocation(torch, (4096, 224, 224, 3), torch.uint8, "cuda:0", "the pool of 4096 samples")
+    assert str(e.value) == "the pool of 4096 samples: 588 MiB asked on cuda:0, which has 512 MiB free of 81920"
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu.sh runs these there)")
 
 

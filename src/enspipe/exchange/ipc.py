@@ -126,37 +126,39 @@ class IpcBatchWindow:
         box = [None]
         if self.leader:
             try:
-                box = [self._made(ctrl_size, image_size, ranks[0])]
+                box = [self._made(ctrl_size, image_size, ranks[0], len(ranks) - 1)]
             except OutOfDeviceMemory as e:  # every member says why, not only the leader
                 box = [str(e)]
         dist.broadcast_object_list(box, src=ranks[0], group=pg)
         if isinstance(box[0], str):
             raise OutOfDeviceMemory(box[0])
-        ctrl_name, images_handle = box[0]
+        ctrl_name, images_handles = box[0]
         self._ctrl = _segment(ctrl_name, ctrl_size, create=False) if not self.leader else self._ctrl
         raw = np.frombuffer(self._ctrl, np.uint8)
         self.meta = raw[:meta_bytes].view(np.int64)[: slots * max_batch * 4].reshape(slots, max_batch, 4)
         self.barrier = SleepingBarrier(raw[meta_bytes:], len(ranks), init=self.leader)
         if not self.leader:
-            self._images_raw = self._mapped(images_handle, image_size)
+            self._images_raw = self._mapped(images_handles[self.me - 1], image_size)
         self.images = self._typed(self._images_raw, slots, max_batch, image_shape, dtype)
         dist.barrier(group=pg)  # every member has mapped both: their names can go
         if self.leader:
             os.unlink(os.path.join(SHM, ctrl_name))
             if not self.on_gpu:
-                os.unlink(os.path.join(SHM, images_handle))
+                os.unlink(os.path.join(SHM, images_handles[0]))
 
-    def _made(self, ctrl_size: int, image_size: int, leader: int) -> tuple:
-        """The leader's segments (and GPU allocation); what the others need to map them."""
+    def _made(self, ctrl_size: int, image_size: int, leader: int, others: int) -> tuple:
+        """The leader's segments (and GPU allocation); what the others need to map them: the
+        control file's name, and the images' for each of the ``others`` (a CUDA IPC handle each:
+        torch counts one reference per handle, released by the member that maps it)."""
         stem = f"enspipe-ipc-{os.getpid()}-{leader}-{secrets.token_hex(4)}"
         if self.on_gpu:  # (first: a GPU that cannot hold it leaves no file behind)
             self._images_raw = gpu_allocation(self.torch, (image_size,), self.torch.uint8, self.device,
                                               f"the group's ring of {self.slots} slots of {self.max_batch} images")
         self._ctrl = _segment(stem + "-ctrl", ctrl_size, create=True)
         if self.on_gpu:
-            return stem + "-ctrl", cuda_handle(self._images_raw)
+            return stem + "-ctrl", [cuda_handle(self._images_raw) for _ in range(others)]
         self._images_raw = _segment(stem + "-images", max(image_size, 1), create=True)
-        return stem + "-ctrl", stem + "-images"
+        return stem + "-ctrl", [stem + "-images"] * max(others, 1)
 
     def _mapped(self, handle, image_size: int):
         if self.on_gpu:

@@ -51,7 +51,7 @@ class Pool:
     """``slots`` preprocessed samples and their ``[id, label]`` rows, created by the server
     (:meth:`create`) and mapped read-only by each consumer (:meth:`open`): one node-shared file,
     or, for a pool on a GPU (``--backend gpu``), the rows in that file and the images in the
-    server's allocation on the GPU, which each consumer maps through CUDA IPC (:attr:`handle`).
+    server's allocation on the GPU, which each consumer maps through CUDA IPC (:meth:`handle`).
 
     The server holds the file's owner lock (:mod:`enspipe.common.ownerlock`) for as long as it
     lives: a pool whose lock anyone can take is a dead server's, removed at once by the next server
@@ -61,7 +61,7 @@ class Pool:
                  handle: dict | None = None):
         """``fd``: the server's own descriptor of the file it created (holding its lock); None
         for a consumer, which maps it read-only. ``device``: the server's CUDA device (the images
-        there); ``handle``: a consumer's way to them (:func:`enspipe.exchange.ipc.cuda_handle`)."""
+        there); ``handle``: a consumer's way to them (:meth:`handle`)."""
         self.path, self.slots, self.shape, self.dtype = path, int(slots), tuple(shape), np.dtype(dtype)
         on_gpu = device is not None or handle is not None
         image_bytes = 0 if on_gpu else self.slots * int(np.prod(self.shape)) * self.dtype.itemsize
@@ -81,7 +81,7 @@ class Pool:
             finally:
                 os.close(ro)
         self.meta = np.frombuffer(self._map, np.int64, self.slots * 2, image_bytes).reshape(self.slots, 2)
-        self.handle, self.torch = None, None
+        self.torch = None
         if not on_gpu:
             self.images = np.frombuffer(self._map, self.dtype, self.slots * int(np.prod(self.shape)), 0).reshape(
                 (self.slots, *self.shape))
@@ -96,7 +96,14 @@ class Pool:
             return
         self.images = ipc.gpu_allocation(torch, (self.slots, *self.shape), getattr(torch, self.dtype.name), device,
                                          f"the pool of {self.slots} samples")
-        self.handle = ipc.cuda_handle(self.images)
+
+    def handle(self) -> dict | None:
+        """The server's, for one consumer: how it maps a GPU pool's images (None for a pool in
+        /dev/shm). One per consumer: each handle carries a reference torch's CUDA IPC counts, and
+        the consumer that maps it releases that one."""
+        from enspipe.exchange import ipc
+
+        return ipc.cuda_handle(self.images) if self.torch is not None else None
 
     @classmethod
     def create(cls, slots: int, shape: tuple, dtype, mode: int = 0o600, gid: int | None = None, say=None,

@@ -228,7 +228,7 @@ class Server:
             self.sched.attach(cid)
             self.wakers[cid] = threading.Condition(self.lock)
             self.status.attached(cid, conn, hello)
-        wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots, "images": self.pool.handle,
+        wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots, "images": self.pool.handle(),
                          "shape": list(self.pool.shape), "dtype": self.pool.dtype.str,
                          "num_images": self.m.num_images, "num_classes": self.m.num_classes,
                          "pid": os.getpid(), **self.info})
