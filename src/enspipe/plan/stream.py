@@ -49,8 +49,8 @@ BACKENDS = {"tf": BackendSpec(needs_tensorflow=True, user_functions="tensorflow"
                               horovod=True, tfdata_service=True),
             "pillow": BackendSpec(needs_tensorflow=False, user_functions="arrays",
                                   implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False),
-            "gpu": BackendSpec(needs_tensorflow=False, user_functions="none", implementations=("crop-first",),
-                               horovod=False, tfdata_service=False)}
+            "gpu": BackendSpec(needs_tensorflow=False, user_functions="none",
+                               implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False)}
 APPROXIMATIONS = ("fused-colour",)
 MALLOC_POLICIES = ("keep", "system")
 LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
