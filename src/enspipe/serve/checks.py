@@ -46,7 +46,7 @@ def prepare(opts: ServeOptions, say):
         opts.load_transform(m)
     problem = opts.slots_problem()
     require(problem is None, "memory", f"{problem}", "pass a larger --memory, or a smaller --batch-size")
-    if opts.on_gpu:
+    if opts.backend == "gpu":
         _check_gpu(opts)
     free = shm_free_bytes()
     in_shm = opts.slots * 16 if opts.on_gpu else opts.memory  # a GPU pool's rows alone are in /dev/shm
@@ -57,10 +57,17 @@ def prepare(opts: ServeOptions, say):
 
 
 def _check_gpu(opts: ServeOptions) -> None:
-    """The gpu backend can run here (CUDA, nvJPEG), on a GPU this process sees, with room for the pool."""
+    """The gpu backend can run here (CUDA, nvJPEG), on a GPU this process sees, with room for the
+    pool; on ``--device cpu``, its torch ops can."""
+    import importlib.util
+
     from enspipe.plan.stream import check_gpu_backend
 
-    check_gpu_backend(opts.preprocess, fix="pass --backend pillow (the CPU)")
+    fix = "pass --backend pillow (the CPU)"
+    if not opts.on_gpu:
+        require(importlib.util.find_spec("torch") is not None, "backend", "the gpu backend needs torch", fix)
+        return
+    check_gpu_backend(opts.preprocess, fix=fix)
     import torch
 
     from enspipe.engine.backends.gpu import member_gpu
