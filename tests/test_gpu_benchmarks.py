@@ -21,7 +21,7 @@ def test_the_gpu_recipe_runs_without_a_gpu_and_labels_its_device(tmp_path):
                SCALING_ARGS="--cores 1 --images-per-core 8 --preprocess inception",
                CELLS_OUT=str(tmp_path / "cells"), CELLS_ARGS="--skip peak --n 2 --cores 1 --repeats 1 --steps 1 "
                                                              "--warmup 0 --images 16 --batch-size 4 --network tiny",
-               FEED_ARGS="--device cpu --ns 2 --extra tiny@1 --network tiny --image-size 32 --batch-size 8 "
+               FEED_ARGS="--device cpu --ns 2 --extra= --network tiny --image-size 32 --batch-size 8 "
                          "--images 256 --steps 30 --warmup 2 --timeout 60")
     r = subprocess.run(["bash", "benchmarks/gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -53,7 +53,7 @@ def _check_feed(feed: dict) -> None:
     from feed import FEEDS
 
     rows = {(r["feed"], r["n"]): r for r in feed["rows"]}
-    assert set(rows) == {(f, n) for f in FEEDS for n in (2, 1)} and feed["nvml"] is False
+    assert set(rows) == {(f, 2) for f in FEEDS} and feed["nvml"] is False
     assert "CUDA is not available" in rows["enspipe-gpu", 2]["failed"]
     for (name, n), row in rows.items():
         if name in ("enspipe-gpu", "tensorsocket") and "failed" in row:
