@@ -72,7 +72,7 @@ def _kept_rows(stream, steps: int, pause: float = 0) -> dict:
 
     kept, rows = [], []
     for _ in range(steps):
-        images, meta = stream._next(keep=True)
+        images, meta = stream._next(keep=True)[:2]
         kept.append((images, meta, checksum(images, meta)))
         time.sleep(pause)
     for images, meta, first in kept:

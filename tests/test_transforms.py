@@ -60,7 +60,8 @@ def test_torchvision_v2_pipeline_runs_where_torchvision_imports(dataset):
 
 @pytest.mark.parametrize("fn, said_", [
     (lambda image: image, "cannot be sent to the worker processes"),
-    (user_transforms.fails, "failed on the dataset's sample 0: KeyError: 'no such lookup table'"),
+    (user_transforms.fails, "failed on the dataset's sample 0 (train-00000-of-00003:0): KeyError: 'no such lookup "
+                            "table'; fix the function: it gets a uint8 array (H, W, 3)"),
     (user_transforms.changing, "for the dataset's first 2 samples"),
     (user_transforms.text, "return a numeric tensor or array per image")])
 def test_a_bad_augmentation_is_named_before_any_work(dataset, fn, said_):
@@ -110,7 +111,8 @@ def test_serve_refuses_an_augmentation_it_cannot_import_or_run(tmp_path, dataset
     monkeypatch.setenv("PYTHONPATH", os.path.dirname(user_transforms.__file__))
     for spec, words in (("user_transforms:nope", "user_transforms has no nope"),
                         ("no_such_module:fn", "cannot import no_such_module"),
-                        ("user_transforms:fails", "failed on the dataset's sample 0: KeyError")):
+                        ("user_transforms:fails", "failed on the dataset's sample 0 (train-00000-of-00003:0): "
+                                                  "KeyError")):
         r = cli("serve", "--data", dataset, "--batch-size", 8, "--socket", str(tmp_path / "z.sock"),
                 "--preprocess", spec)
         assert r.returncode == 2 and words in r.stderr, r.stderr

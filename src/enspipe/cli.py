@@ -399,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from enspipe.common import spelling
+
+    spelling.command_line()  # this process's messages name flags, not keywords
     parser = build_parser()
     a = parser.parse_args(argv)
     return COMMANDS[a.command].run(a, parser.error)

@@ -4,8 +4,9 @@ offer a training script, written once over what each provides:
 * ``_batches(writable)``: one epoch of ``(images, labels)`` numpy batches (``writable``: arrays a
   framework may take without a copy);
 * ``_endless()``: ``(images, labels)`` batches until the stream closes (``dataset()``'s);
-* ``element_spec``, ``steps_per_epoch``, ``_ledger`` and ``_dataset_batch`` (the batch dimension
-  of every batch, or None where an epoch's last may be smaller).
+* ``element_spec``, ``sample_layout`` (``HWC``, ``CHW`` or None: what the preprocessing returns),
+  ``steps_per_epoch``, ``_ledger`` and ``_dataset_batch`` (the batch dimension of every batch, or
+  None where an epoch's last may be smaller).
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ class StreamAdapters:
         """The (rest of this) epoch's batches, as ``(images, labels)`` numpy arrays."""
         return self._batches(writable=False)
 
-    def torch(self, layout: str = "NHWC", device=None):
+    def torch(self, layout: str | None = None, device=None):
         """One epoch as PyTorch ``(images, labels)`` tensors (:class:`~enspipe.api.frameworks.TorchBatches`):
-        ``layout`` ``NHWC``, ``NCHW`` or ``channels_last``; ``device`` e.g. ``"cuda"``.
+        ``layout`` ``NCHW``, ``channels_last`` or ``NHWC``, whatever the samples' own (None, the
+        default: the samples' own, as a ``DataLoader`` collates them); ``device`` e.g. ``"cuda"``.
 
         Example::
 

@@ -42,19 +42,28 @@ class TorchBatches:
         for images, labels in stream.torch(layout="channels_last", device="cuda"):
             loss = loss_fn(model(images.float()), labels)
 
-    ``layout``: ``NHWC`` (the wire's, no copy), ``channels_last`` (NCHW shape over NHWC memory,
-    no copy; PyTorch's fast layout for convolutions) or ``NCHW`` (contiguous, a copy). Labels are
-    int64. ``device``: where the tensors go (``None``: where the stream's batches are: the CPU, or
-    the GPU a ``SharedStream(device=...)`` exchanges on, with no copy). A batch in host memory bound
-    for a CUDA device is copied into one of two pinned staging buffers allocated once, then to the
-    device without blocking the host; the copy has finished when the batch is yielded. Usable where a
+    ``layout`` is what is yielded, whatever layout the samples have (a built-in's and a numpy
+    function's are ``(H, W, C)``, a torchvision pipeline's ``(C, H, W)``; enspipe reads it from
+    the first samples): ``NCHW`` is ``(B, C, H, W)`` contiguous, ``channels_last`` ``(B, C, H, W)``
+    in channels-last memory (PyTorch's fast layout for convolutions), ``NHWC`` ``(B, H, W, C)``
+    contiguous; ``None`` (the default) the samples' own, stacked, as a ``DataLoader`` collates
+    them. Where the samples already have the layout asked for, no copy is made. Labels are int64.
+    ``device``: where the tensors go (``None``: where the stream's batches are: the CPU, or the GPU
+    a ``SharedStream(device=...)`` exchanges on, with no copy). A batch in host memory bound for a
+    CUDA device is copied into one of two pinned staging buffers allocated once, then to the device
+    without blocking the host; the copy has finished when the batch is yielded. Usable where a
     ``DataLoader`` is iterated (it has ``len()`` and yields tensors).
     """
 
-    def __init__(self, stream, layout: str = "NHWC", device=None):
+    def __init__(self, stream, layout: str | None = None, device=None):
         from enspipe.plan.errors import require
 
-        require(layout in LAYOUTS, "layout", f"unknown layout {layout!r}", f"choose one of {', '.join(LAYOUTS)}")
+        require(layout is None or layout in LAYOUTS, "layout", f"unknown layout {layout!r}",
+                f"choose one of {', '.join(LAYOUTS)}, or leave it out (the samples' own)")
+        self.sample_layout = stream.sample_layout
+        require(layout is None or self.sample_layout is not None, "layout", f"the samples are of shape "
+                f"{tuple(stream.element_spec[0])}, not images with a channel axis, so they have no {layout} layout",
+                "leave layout out (the samples as they are)")
         self.torch = require_framework("torch", "torch")
         try:
             self.device = None if device is None else self.torch.device(device)
@@ -71,13 +80,10 @@ class TorchBatches:
 
     def _tensors(self, images, labels):
         """The batch as tensors where it is: a view of a host array's private buffer (no copy, no
-        warning), or the exchange's tensor on its device."""
+        warning), or the exchange's tensor on its device; in the layout asked for."""
         torch = self.torch
         x = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
-        if self.layout != "NHWC":
-            x = x.permute(0, 3, 1, 2)  # channels_last: an NCHW view over NHWC memory
-            if self.layout == "NCHW":
-                x = x.contiguous()
+        x = in_layout(torch, x, self.sample_layout, self.layout)
         y = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
         return x, (y if x.device.type == "cpu" else y.to(x.device))
 
@@ -138,6 +144,23 @@ class TorchBatches:
                 return len(self.batches)
 
         return data.DataLoader(Batches(self), batch_size=None, num_workers=0)
+
+
+def in_layout(torch, x, have: str | None, want: str | None):
+    """A batch ``x`` of samples in layout ``have`` (``HWC``, ``CHW``) as ``want`` (:data:`LAYOUTS`,
+    None: as it is): a view where the memory already is so, else one copy."""
+    if want is None or have is None:
+        return x
+    if have == "HWC":
+        if want == "NHWC":
+            return x
+        x = x.permute(0, 3, 1, 2)  # an NCHW view over NHWC memory: channels_last already
+        return x.contiguous() if want == "NCHW" else x
+    if want == "NCHW":
+        return x
+    if want == "NHWC":
+        return x.permute(0, 2, 3, 1).contiguous()
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 class JaxBatches:

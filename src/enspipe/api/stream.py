@@ -64,7 +64,13 @@ class SharedStream(StreamAdapters):
     * ``members_per_rank``: K ensemble members in this process (Crossbow's several models per
       accelerator), each trained on every batch: the ensemble has ranks x K members, and this
       rank's are :attr:`local_members`;
-    * ``log_dir``: write this member's event log there (off by default).
+    * ``log_dir``: write this member's event log there (off by default);
+    * ``drop_last``: every batch whole, as a ``DataLoader``'s ``drop_last=True``: an epoch's short
+      tail is left out (and counted as ``dropped`` by :meth:`epochs`).
+
+    One pass over the stream (``for images, labels in stream``, :meth:`torch`, :meth:`jax`) is one
+    epoch, every sample exactly once, in ``len(stream)`` batches, the last one short where the batch
+    does not divide the dataset, as a ``DataLoader``'s are (see :mod:`enspipe.api.epochs`).
 
     Construction validates everything and tries a user's preprocessing on the first samples
     before any collective, raising :class:`enspipe.ConfigError` naming the culprit; then it is
@@ -79,14 +85,17 @@ class SharedStream(StreamAdapters):
     """
 
     def __init__(self, data, batch_size: int, *, comm=None, peer_timeout: float = 30.0, malloc: str = "keep",
-                 threads: int | None = None, log_dir: str | None = None, members_per_rank: int = 1, **options):
+                 threads: int | None = None, log_dir: str | None = None, members_per_rank: int = 1,
+                 drop_last: bool = False, **options):
         from enspipe.exchange.torchcomm import torch_launched
 
+        _check_keywords(options)
         by_torch = comm is None and torch_launched()
         if by_torch:
             options.setdefault("transport", "torch")
         self.config = StreamConfig(data=data, batch_size=batch_size, **options)
-        _check_member_options(peer_timeout, malloc, threads, members_per_rank)
+        _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last)
+        self.drop_last = drop_last
         if by_torch:
             _check_torch_launch(self.config)
         self.members_per_rank = members_per_rank
@@ -115,9 +124,9 @@ class SharedStream(StreamAdapters):
 
     @property
     def steps_per_epoch(self) -> int:
-        """Batches per epoch: ``ceil(num_images / batch_size)``. The stream runs on across epochs,
-        so where the batch does not divide the dataset an epoch's last batch begins the next."""
-        return math.ceil(self.num_images / self.config.batch_size)
+        """Batches per epoch: ``ceil(num_images / batch_size)``, the last one short where the batch
+        does not divide the dataset (``drop_last``: ``num_images // batch_size``, all whole)."""
+        return self._epochs.steps()
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -142,34 +151,50 @@ class SharedStream(StreamAdapters):
         """``(image shape, image dtype)`` of one preprocessed sample."""
         return self._pipeline.image_shape, self._pipeline.image_dtype
 
+    @property
+    def sample_layout(self) -> str | None:
+        """One sample's layout: ``HWC`` (the built-ins', a numpy function's), ``CHW`` (a torchvision
+        pipeline's), or None (not an image), read from what the preprocessing returns."""
+        from enspipe.data.transforms import layout_of
+
+        return layout_of(self._preprocessing)
+
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
-        """The next batch of the stream, ``(images, labels)``."""
-        images, meta = self._next(keep=True)
-        return images, meta[:, 3]
+        """The next batch of the stream, ``(images, labels)`` (an epoch's last may be short)."""
+        while True:
+            images, meta, _ = self._next(keep=True)
+            if len(meta):
+                return images, meta[:, 3]
 
     def _batches(self, writable: bool, tensors: bool = False):
-        """One epoch of kept ``(images, labels)``; ``writable``: as writable arrays (views of a
-        buffer private to the batch, or a copy where the buffer is read-only); ``tensors``: images
-        exchanged on a torch device (``device``) as those tensors, else copied to host numpy."""
-        for _ in range(self.steps_per_epoch):
-            images, meta = self._next(keep=True)
-            if not (tensors and _is_tensor(images)):
-                images = _host(images)
-                if writable:
-                    images = _writable(images)
-            yield images, meta[:, 3]
+        """The rest of this epoch as kept ``(images, labels)``; ``writable``: as writable arrays
+        (views of a buffer private to the batch, or a copy where the buffer is read-only);
+        ``tensors``: images exchanged on a torch device (``device``) as those tensors, else copied
+        to host numpy."""
+        while True:
+            images, meta, last = self._next(keep=True)
+            if len(meta):
+                if not (tensors and _is_tensor(images)):
+                    images = _host(images)
+                    if writable:
+                        images = _writable(images)
+                yield images, meta[:, 3]
+            if last:
+                return
 
     def _endless(self):
         while True:
             try:
-                images, meta = self._next(keep=False)  # tf.data copies each batch as it is yielded
+                images, meta, _ = self._next(keep=False)  # tf.data copies each batch as it is yielded
             except StreamClosed:
                 return
-            yield _host(images), meta[:, 3]
+            if len(meta):
+                yield _host(images), meta[:, 3]
 
     @property
-    def _dataset_batch(self) -> int:
-        return self.config.batch_size
+    def _dataset_batch(self) -> int | None:
+        whole = self.drop_last or (self.num_images % self.config.batch_size == 0 and not self.config.skip_corrupt)
+        return self.config.batch_size if whole else None
 
     # -- ending -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -225,6 +250,11 @@ class SharedStream(StreamAdapters):
         MPI, comm, cfg = self._MPI, self._comm, self.config
         self.malloc = set_malloc(malloc)
         where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
+        if threads is not None and comm.Get_rank() == 0:
+            from enspipe.engine.affinity import available_cores
+            from enspipe.engine.placement import warn_oversubscribed
+
+            warn_oversubscribed("threads=", threads, len(available_cores()))
         _agree(comm, cfg)
         self.device = _exchange_device(cfg, where)
         nodes = node_groups(comm.allgather(where.mpi_node))
@@ -243,41 +273,40 @@ class SharedStream(StreamAdapters):
         self._transport, self._pipeline = build_pipeline(comm, self.scheme, self.manifest, self._preprocessing, cfg,
                                                          threads or where.threads, self._events,
                                                          device=self.device)
-        self._ledger = EpochLedger(self.manifest.num_images)
+        self._ledger = EpochLedger(self.manifest.num_images, drops=self.drop_last)
         shape, dtype = self.element_spec
+        from enspipe.api.epochs import EpochBatches
         from enspipe.exchange.engine import BufferRing
 
-        self._keep = BufferRing(2, cfg.batch_size, shape, dtype)  # node-shared batches, copied out
+        ring = BufferRing(2, cfg.batch_size, shape, dtype)  # node-shared batches copied out, batches assembled
+        self._epochs = EpochBatches(self._fetch, cfg.batch_size, self.manifest.num_images, ring, self._ledger,
+                                    self.drop_last, counted=not cfg.skip_corrupt)
         self._pipeline.start()
 
-    def _next(self, keep: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The next batch as read-only arrays; ``keep``: valid for as long as it is held (a batch in
-        node-shared memory is copied out), else only until the pipeline has moved on."""
-        if self._closed:
-            raise StreamClosed("the stream is closed")
-        from enspipe.exchange.base import Batch
+    def _fetch(self) -> tuple:
+        """The pipeline's next global batch: ``(images, meta, volatile)``."""
         from enspipe.engine.pipeline import Stopped
 
         try:
-            batch: Batch = self._pipeline.next_batch()
+            batch = self._pipeline.next_batch()
         except Stopped:
             raise StreamClosed("the stream is closed") from None
-        self._ledger.add(batch.meta[:, 0], batch.meta[:, 1])
-        images, meta = batch.images, batch.meta
-        if _is_tensor(images):  # on the exchange's device: a tensor of this member's own
-            if batch.volatile:  # a shared slot on the device: copied there, once
-                images, meta = images.clone(), meta.copy()
-            meta = meta.view()
-            meta.flags.writeable = False
-            return images, meta
-        if keep and batch.volatile:
-            out = self._keep.take(len(batch))
-            out.images[...] = images
-            out.meta[...] = meta
-            images, meta = out.images, out.meta
-        images, meta = images.view(), meta.view()
-        images.flags.writeable = meta.flags.writeable = False
-        return images, meta
+        return batch.images, batch.meta, batch.volatile
+
+    def _next(self, keep: bool) -> tuple:
+        """The epoch's next batch as read-only arrays (:class:`~enspipe.api.epochs.EpochBatches`)
+        and whether it ends the epoch; ``keep``: valid for as long as it is held (a batch in
+        node-shared memory is copied out), else only until the next. A tensor on the exchange's
+        device is this member's own."""
+        if self._closed:
+            raise StreamClosed("the stream is closed")
+        images, meta, last = self._epochs.next(keep)
+        meta = meta.view()
+        meta.flags.writeable = False
+        if not _is_tensor(images):
+            images = images.view()
+            images.flags.writeable = False
+        return images, meta, last
 
     def _abort(self, reason: str, tb: str = "") -> None:
         """Say why (on stderr, and in ``log_dir`` when there is one), then end the whole job."""
@@ -389,7 +418,24 @@ def _say_left_out(manifest, comm) -> None:
         print(f"enspipe: {note}", file=sys.stderr, flush=True)
 
 
-def _check_member_options(peer_timeout, malloc, threads, members_per_rank) -> None:
+def _check_keywords(options: dict) -> None:
+    """``SharedStream``'s keywords beyond its own are :class:`StreamConfig`'s: any other name is a
+    ConfigError listing them, with the nearest (a ``DataLoader``'s names mapped to ours)."""
+    import dataclasses
+
+    from enspipe.plan.errors import unknown_keywords
+
+    own = ("comm", "peer_timeout", "malloc", "threads", "log_dir", "members_per_rank", "drop_last")
+    known = {f.name for f in dataclasses.fields(StreamConfig)} - {"data", "batch_size"} | set(own)
+    unknown_keywords(options, known, "SharedStream", DATALOADER_NAMES)
+
+
+# a DataLoader's (and DistributedSampler's) keywords, and the nearest of SharedStream's
+DATALOADER_NAMES = {"num_workers": "threads", "shuffle": "shuffle_buffer", "transform": "preprocess",
+                    "transforms": "preprocess", "prefetch_factor": "queue_depth", "num_replicas": "comm"}
+
+
+def _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last=False) -> None:
     from enspipe.plan.errors import require
 
     require(isinstance(peer_timeout, (int, float)) and math.isfinite(peer_timeout) and peer_timeout > 0,
@@ -399,6 +445,8 @@ def _check_member_options(peer_timeout, malloc, threads, members_per_rank) -> No
             f"must be a positive integer, got {threads!r}", "pass threads=K, or leave it out")
     require(isinstance(members_per_rank, int) and members_per_rank >= 1, "members_per_rank",
             f"must be a positive integer, got {members_per_rank!r}", "pass K >= 1 members per process")
+    require(isinstance(drop_last, bool), "drop_last", f"must be True or False, got {drop_last!r}",
+            "pass drop_last=True for whole batches only")
 
 
 def _mpi():

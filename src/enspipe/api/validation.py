@@ -9,14 +9,20 @@ def validation_set(data, preprocess="inception", image_size: int = 224,
     """``(images, labels)`` of the small dataset at ``data``, in its canonical order, held in memory.
 
     ``preprocess``: a built-in's name, whose evaluation transform is used (Slim's: a central crop
-    and resize, no random distortion), or your function ``fn(image, seed)``, run with seed
-    ``[0, position]``. ``backend``: as :class:`SharedStream`'s (``auto``: ``tf`` where TensorFlow
-    is installed, else ``pillow``). Each member loads it itself (no collective).
+    and resize, no random distortion), or your own, as :class:`SharedStream` takes it: on the
+    pillow backend a torchvision v1 or v2 pipeline, a kornia one or any callable (given what it
+    takes, :mod:`enspipe.data.transforms`), on the tf backend a function ``fn(image, seed)``; each
+    run with the seed of the sample's position. ``backend``: as :class:`SharedStream`'s (``auto``:
+    ``tf`` where TensorFlow is installed and ``preprocess`` is not a torch pipeline, else
+    ``pillow``). Each member loads it itself (no collective).
 
     Example::
 
         val = enspipe.validation_set("data/val", image_size=128)
         model.fit(stream.dataset(), epochs=5, steps_per_epoch=len(stream), validation_data=val)
+
+        val_images, val_labels = enspipe.validation_set("data/val", preprocess=transforms.Compose([
+            transforms.Resize(72), transforms.CenterCrop(64), transforms.ToTensor()]))   # (M, 3, 64, 64)
     """
     from enspipe.data.validation import load_validation
     from enspipe.plan.stream import StreamConfig

@@ -13,24 +13,31 @@ class EpochLedger:
     when its count reaches the dataset size.
     """
 
-    def __init__(self, num_images: int):
+    def __init__(self, num_images: int, drops: bool = False):
         self.num_images = num_images
         self._counts: dict[int, int] = {}
         self._digests: dict[int, str] = {}
         self._ids: dict[int, list[np.ndarray]] = {}
+        self._dropped: dict[int, int] | None = {} if drops else None  # drop_last's tails, per epoch
 
-    def add(self, ids: np.ndarray, epochs: np.ndarray) -> None:
+    def add(self, ids: np.ndarray, epochs: np.ndarray, dropped: bool = False) -> None:
+        """Samples that reached the member; ``dropped``: not given to its loop (``drop_last``'s tail)."""
         for e in np.unique(epochs):
             sel = ids[epochs == e]
             e = int(e)
             self._counts[e] = self._counts.get(e, 0) + len(sel)
             self._ids.setdefault(e, []).append(sel.astype(np.int64))
             self._digests[e] = add_digests(self._digests.get(e, digest_of([])), digest_of(sel.astype(np.uint64)))
+            if dropped:
+                self._dropped[e] = self._dropped.get(e, 0) + len(sel)
 
     def completed(self) -> list[dict]:
+        """Per completed epoch: the ``count`` of samples that reached the member, their ``digest``,
+        how many are ``missing``, and (``drops``) how many of them were ``dropped`` as the tail."""
         last = max(self._counts, default=-1)
+        extra = (lambda e: {"dropped": self._dropped.get(e, 0)}) if self._dropped is not None else (lambda e: {})
         return [{"epoch": e, "count": self._counts[e], "digest": self._digests[e],
-                 "missing": self.num_images - self._counts[e]}
+                 "missing": self.num_images - self._counts[e], **extra(e)}
                 for e in sorted(self._counts) if e < last or self._counts[e] >= self.num_images]
 
     def partial(self) -> dict | None:

@@ -23,6 +23,7 @@ import numpy as np
 from enspipe.data.keys import sample_ids
 from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.records import CYCLE, checked_payload, header_length, indexed, placeholder
+from enspipe.common import spelling
 
 
 class RecordReader:
@@ -93,8 +94,7 @@ class RecordReader:
     def _unreadable(self, shard: int, record: int, why: str) -> bytes:
         if self.skip_corrupt:
             return placeholder()
-        raise DataError(f"{self.paths[shard]}: corrupt TFRecord at record {record} ({why}); "
-                        "pass --on-corrupt skip to skip and count it")
+        raise DataError(f"{self.paths[shard]}: corrupt TFRecord at record {record} ({why}); {spelling.skip_hint()}")
 
 
 def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int, backend: str = "tf") -> int:
@@ -196,8 +196,7 @@ def read_file(path: str, key: bytes, skip_corrupt: bool) -> bytes:
     except OSError as e:
         if skip_corrupt:
             return b""
-        raise DataError(f"{key.decode()}: cannot be read ({e.strerror}); pass --on-corrupt skip to skip and "
-                        "count it") from None
+        raise DataError(f"{key.decode()}: cannot be read ({e.strerror}); {spelling.skip_hint()}") from None
 
 
 def read_share(m: Manifest, order, parser, skip_corrupt: bool, batch: int, lo: int, hi: int,

@@ -75,10 +75,15 @@ def resolve(spec) -> Parser:
 def first_images(m: Manifest, k: int = 2) -> list[bytes]:
     """The encoded images of the dataset's first ``k`` samples in canonical order, parsed in the
     format its manifest names; raises :class:`ValueError` or :class:`DataError` naming the problem."""
+    return [encoded for _, encoded in first_keyed(m, k)]
+
+
+def first_keyed(m: Manifest, k: int = 2) -> list[tuple[str, bytes]]:
+    """:func:`first_images` with each sample's key: its file, or its shard and record."""
     parser = resolve(record_format(m))
     if m.kind == "jpeg_folders":
-        return [payload for _, payload in first_samples(m, k)]
-    return [parser.fn(payload, key)[0] for key, payload in first_samples(m, k)]
+        return [(key.decode(), payload) for key, payload in first_samples(m, k)]
+    return [(key.decode(), parser.fn(payload, key)[0]) for key, payload in first_samples(m, k)]
 
 
 def format_problem(m: Manifest) -> str | None:

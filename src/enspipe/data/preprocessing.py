@@ -364,6 +364,7 @@ class UserPreprocess:
     fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
     shape: tuple[int, ...]
     dtype: np.dtype
+    layout: str | None = "HWC"  # of one sample: enspipe.data.transforms.sample_layout
 
     @property
     def name(self) -> str:

@@ -8,7 +8,7 @@ import tensorflow as tf
 from enspipe.data.manifest import Manifest
 from enspipe.data.preprocessing import UserPreprocess, decode
 from enspipe.data.parse import first_images
-from enspipe.data.transforms import PreprocessError
+from enspipe.data.transforms import PreprocessError, sample_layout
 
 
 def probe_preprocess(fn, m: Manifest, seed: int) -> UserPreprocess:
@@ -39,4 +39,9 @@ def probe_preprocess(fn, m: Manifest, seed: int) -> UserPreprocess:
     if len(shapes) > 1 or shapes != {tuple(spec.shape)}:
         raise PreprocessError(f"preprocess {name} returned shapes {sorted(shapes)} for the dataset's first "
                               f"{len(outs)} samples", "return one shape for every sample")
-    return UserPreprocess(fn, tuple(spec.shape.as_list()), np.dtype(spec.dtype.as_numpy_dtype))
+    shape = tuple(spec.shape.as_list())
+    try:
+        layout = sample_layout(shape)
+    except PreprocessError as e:
+        raise PreprocessError(f"preprocess {name}: {e.problem}", e.fix) from None
+    return UserPreprocess(fn, shape, np.dtype(spec.dtype.as_numpy_dtype), layout)

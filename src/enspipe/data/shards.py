@@ -27,6 +27,7 @@ from enspipe.data.keys import _ID_BUCKETS
 from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.order import effective_shuffle_buffer, read_share
 from enspipe.data.records import CYCLE, header_length, indexed, placeholder, record_format
+from enspipe.common import spelling
 
 SLIM_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
@@ -258,6 +259,5 @@ def locate_corrupt_record(m: Manifest) -> str:
             for _ in tf.data.TFRecordDataset(path):
                 n += 1
         except tf.errors.DataLossError as e:
-            return (f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]}); "
-                    "pass --on-corrupt skip to skip and count it")
+            return f"{path}: corrupt TFRecord at record {n} ({e.message.splitlines()[0]}); {spelling.skip_hint()}"
     return "a TFRecord shard became unreadable during the run"

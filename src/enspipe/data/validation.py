@@ -34,7 +34,9 @@ def load_validation(root: str, preprocessing, size: int, backend: str = "tf") ->
     return images, np.asarray(samples["label"]).astype(np.int32)
 
 
-def _load_without_tensorflow(root: str, name: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _load_without_tensorflow(root: str, preprocessing, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pillow backend's: a built-in's evaluation transform, or a user's pipeline
+    (:class:`~enspipe.data.transforms.ArrayPreprocess`: given what it takes, seeded by position)."""
     from enspipe.data import pixels
     from enspipe.data.build import load_manifest
     from enspipe.data.order import NumpyOrder, read_share
@@ -44,6 +46,14 @@ def _load_without_tensorflow(root: str, name: str, size: int) -> tuple[np.ndarra
     m = load_manifest(root)
     n = m.num_images
     samples = next(read_share(m, NumpyOrder(m, 0, 0), resolve(record_format(m)), False, n, 0, n))
-    evaluate = pixels.EVAL_PREPROCESSING[name]
-    images = np.stack([pixels.to_wire(name, evaluate(e, size), "float32") for e in samples["encoded"]])
+    if isinstance(preprocessing, str):
+        evaluate = pixels.EVAL_PREPROCESSING[preprocessing]
+        images = np.stack([pixels.to_wire(preprocessing, evaluate(e, size), "float32") for e in samples["encoded"]])
+    else:
+        from enspipe.data import transforms
+        from enspipe.data.decoding import decode
+
+        images = np.stack([transforms.apply(preprocessing.fn, decode(e), transforms.sample_seed(0, int(p)),
+                                            preprocessing.given)
+                           for e, p in zip(samples["encoded"], samples["position"])])
     return images, np.asarray(samples["label"]).astype(np.int32)

@@ -76,6 +76,8 @@ def place(comm, MPI, cores_per_member: int | None) -> Placement:
     available = available_cores()
     same = host_comm.allgather(tuple(available))
     peers = [i for i, a in enumerate(same) if a == tuple(available)]
+    if rank == 0 and cores_per_member:
+        warn_oversubscribed("--cores", cores_per_member, len(available))
     cores, sharing = assign_cores(available, cores_per_member, peers.index(host_comm.Get_rank()), len(peers))
     host_cpus = len(set().union(*map(set, same)))
     host_rank, members = host_comm.Get_rank(), host_comm.Get_size()
@@ -89,6 +91,19 @@ def place(comm, MPI, cores_per_member: int | None) -> Placement:
         hosts.update(d)
     _machine_oversubscription(hosts, cores_per_member)
     return Placement(label, host_rank, members, host_cpus, mpi_node, cores, sharing, hosts)
+
+
+def warn_oversubscribed(option: str, asked: int, usable: int) -> bool:
+    """One line on stderr where a member asks for more cores (``option``: ``--cores`` or
+    ``threads=``) than its process may use; whether it did."""
+    if asked <= usable:
+        return False
+    import sys
+
+    print(f"enspipe: warning: {option}{'' if option.endswith('=') else ' '}{asked} is more than the {usable} cores "
+          f"this process may use: its {asked} preprocessing workers share them (oversubscribed)", file=sys.stderr,
+          flush=True)
+    return True
 
 
 def _machine_oversubscription(hosts: dict, cores_per_member: int | None) -> None:

@@ -53,7 +53,7 @@ def main(fd: int, parent: int) -> None:
             sizes = json.loads(msg[1:])
             inp = mmap.mmap(fds[0], sizes["input"], prot=mmap.PROT_READ)
             omap = mmap.mmap(fds[1], sizes["output"])
-            out = np.frombuffer(omap, dtype).reshape((-1, *shape))
+            out = slots(omap, shape, dtype)
             for f in fds:
                 os.close(f)
             continue
@@ -64,14 +64,21 @@ def main(fd: int, parent: int) -> None:
                 os.kill(os.getpid(), signal.SIGSEGV)
             try:
                 out[slot] = fn(inp[offset:offset + length], position, sample, epoch)
-            except errors as e:
-                status[i] = 1
+            except Exception as e:  # noqa: BLE001 - undecodable (1), or the function's own failure (2), named
+                status[i] = 1 if isinstance(e, errors) else 2
                 why.append(f"{type(e).__name__}: {e}".replace("\0", " "))
         reply = struct.pack("<q", len(rows)) + bytes(status) + "\0".join(why).encode()
         try:
             sock.send(reply)
         except (BrokenPipeError, ConnectionResetError):
             return
+
+
+def slots(region, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The output region as whole image slots: its size is a page multiple, not one of the image's."""
+    per = int(np.prod(shape))
+    count = len(region) // (per * dtype.itemsize)
+    return np.frombuffer(region, dtype, count * per).reshape((count, *shape))
 
 
 if __name__ == "__main__":

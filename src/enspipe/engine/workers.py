@@ -47,6 +47,11 @@ class WorkerDied(RuntimeError):
     """A preprocessing worker ended while it held images."""
 
 
+class FunctionFailed(RuntimeError):
+    """The per-image function raised (not an undecodable image): ``args`` the image's index in the
+    slice and what it raised."""
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -95,7 +100,7 @@ class _Region:
     """A memfd of ``size`` bytes, mapped read-write here."""
 
     def __init__(self, name: str, size: int):
-        self.size = max(int(size), mmap.PAGESIZE)
+        self.size = -(-max(int(size), 1) // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages: what mmap maps
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.map = mmap.mmap(self.fd, self.size)
@@ -160,6 +165,12 @@ class WorkerPool:
         del view
         rows = np.stack([np.arange(n), position, sample, epoch, offsets, lengths], axis=1).astype(np.int64)
         failed = self._run(rows)
+        broken = {i: why for i, why in failed.items() if isinstance(why, tuple)}
+        if broken and not self.skip:
+            i = min(broken)
+            raise FunctionFailed(i, broken[i][1])
+        failed = {i: (f"the preprocessing raised {why[1]}" if isinstance(why, tuple) else why)
+                  for i, why in failed.items()}
         images = np.frombuffer(self.out.map, self.dtype, n * int(np.prod(self.shape))).reshape((n, *self.shape))
         return images.copy(), failed
 
@@ -203,8 +214,8 @@ class WorkerPool:
         status = reply[8:8 + m]
         why = iter(reply[8 + m:].decode().split("\0"))
         for row, bad in zip(chunk, status):
-            if bad:
-                failed[int(row[0])] = next(why)
+            if bad:  # 2: the function's own exception, not an undecodable image
+                failed[int(row[0])] = next(why) if bad == 1 else ("raised", next(why))
 
     def _died(self, w: _Worker, todo: deque, failed: dict[int, str]) -> None:
         """Worker ``w`` ended: fail (naming it and what it held), or, in skip mode, replace it

@@ -191,9 +191,9 @@ class StreamConfig:
                 f"choose one of auto, {', '.join(BACKENDS)}")
         has_tf = tensorflow_installed()
         if self.backend == "auto":  # (a torch module, torchvision's or kornia's pipeline, runs on decoded arrays)
-            from enspipe.data.transforms import takes_tensor
+            from enspipe.data.transforms import is_torch_pipeline
 
-            object.__setattr__(self, "backend", "tf" if has_tf and not takes_tensor(self.preprocess) else "pillow")
+            object.__setattr__(self, "backend", "tf" if has_tf and not is_torch_pipeline(self.preprocess) else "pillow")
         spec = BACKENDS[self.backend]
         require(not spec.needs_tensorflow or has_tf, "backend", "TensorFlow is not installed here",
                 "pip install tensorflow-cpu, or pass backend='pillow' (no TensorFlow)")

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from enspipe.common.atomic import write_json_atomic
+from enspipe.data.transforms import layout_of
 from enspipe.serve import wire
 from enspipe.serve.samples import Pool, SampleMaker, SampleSource, TensorSampleMaker
 from enspipe.serve.schedule import Scheduler
@@ -231,6 +232,7 @@ class Server:
         wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots, "images": self.pool.handle(),
                          "shape": list(self.pool.shape), "dtype": self.pool.dtype.str,
                          "num_images": self.m.num_images, "num_classes": self.m.num_classes,
+                         "layout": layout_of(self.opts.preprocessing),
                          "pid": os.getpid(), **self.info})
         return cid
 

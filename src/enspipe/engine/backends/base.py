@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from enspipe.common import spelling
+
 
 class Stopped(Exception):
     """The pipeline was closed while a stage (or its consumer) waited."""
@@ -78,5 +80,4 @@ def kept(item: dict, failed: dict[int, str], skip_corrupt: bool) -> np.ndarray:
 
 
 def undecodable(key: bytes, why) -> str:
-    return (f"{key.decode()}: undecodable image ({why}); fix or remove the record, or pass --on-corrupt skip "
-            "to skip and count it")
+    return f"{key.decode()}: undecodable image ({why}); fix or remove the record, or {spelling.skip_hint()}"

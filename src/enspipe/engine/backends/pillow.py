@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from enspipe.common import spelling
 from enspipe.data.manifest import DataError
 from enspipe.engine.backends.base import PrepSpec, kept, meta_rows
 from enspipe.measure.threadcpu import set_thread_name
@@ -53,10 +54,10 @@ def user_work(prep_seed: int, **transform):
     from enspipe.data.decoding import Undecodable, decode
 
     fn = transforms.load(transform)
-    tensor, shape, dtype = transforms.takes_tensor(fn), tuple(transform["shape"]), np.dtype(transform["dtype"])
+    kind, shape, dtype = transform["given"], tuple(transform["shape"]), np.dtype(transform["dtype"])
 
     def one(source, position: int, sample: int, epoch: int) -> np.ndarray:
-        out = transforms.apply(fn, decode(source), transforms.sample_seed(prep_seed, position), tensor)
+        out = transforms.apply(fn, decode(source), transforms.sample_seed(prep_seed, position), kind)
         if out.shape != shape or out.dtype != dtype:
             raise ValueError(f"preprocess {transforms.name_of(fn)} returned {out.dtype} {out.shape} for the sample at "
                              f"stream position {position}, {dtype} {shape} for the first: return one shape and dtype")
@@ -77,7 +78,9 @@ class PillowEngine:
         self.shape, self.dtype = output_spec(preprocessing, size, wire_dtype)
         dtype = self.dtype
         self.workers = self.pool = None
-        if not isinstance(preprocessing, str):  # a user's augmentation: on worker processes alone, seeded there
+        self.user = not isinstance(preprocessing, str)
+        self.name = f"preprocess {preprocessing.name}" if self.user else f"the {preprocessing} preprocessing"
+        if self.user:  # a user's augmentation: on worker processes alone, seeded there
             from enspipe.engine.workers import WorkerPool
 
             self.workers = WorkerPool(max(threads, 1), f"{__name__}:user_work",
@@ -106,17 +109,22 @@ class PillowEngine:
     def _images(self, item: dict) -> tuple[list, dict[int, str]]:
         args = (item["encoded"], item["position"].tolist(), item["id"].tolist(), item["epoch"].tolist())
         if self.workers is not None:
-            from enspipe.engine.workers import WorkerDied
+            from enspipe.engine.workers import FunctionFailed, WorkerDied
 
             try:
                 return self.workers.map(*args)
+            except FunctionFailed as e:
+                i, why = e.args
+                raise DataError(f"{self.name} failed on {item['key'][i].decode()} (stream position "
+                                f"{int(item['position'][i])}): {why}; fix the function") from None
             except WorkerDied as e:
                 if not e.args[1]:
                     raise DataError(f"{e.args[0]} while it held no image (out of memory, or a signal from outside "
                                     "the job?)") from None
                 held = ", ".join(item["key"][i].decode() for i in e.args[1])
-                raise DataError(f"{e.args[0]} while preprocessing {held}; pass --on-corrupt skip to skip and count "
-                                "an image that crashes the decoder") from None
+                hint = ("" if self.user else f"; {spelling.option('skip_corrupt', True)} skips and counts an image "
+                        "that crashes the decoder")
+                raise DataError(f"{e.args[0]} while decoding and running {self.name} on {held}{hint}") from None
         out = list(self.pool.map(self._guarded, *args)) if self.pool else [self._guarded(*a) for a in zip(*args)]
         return out, {i: x for i, x in enumerate(out) if isinstance(x, str)}
 

@@ -11,6 +11,7 @@ import numpy as np
 from enspipe.data.manifest import DataError
 from enspipe.data.pixels import OUTPUT_RANGE
 from enspipe.engine.backends.base import PrepSpec, Stopped
+from enspipe.common import spelling
 
 if TYPE_CHECKING:
     from enspipe.data.preprocessing import UserPreprocess
@@ -243,5 +244,5 @@ def _diagnose(pending, error) -> str:
                 decode(tf.constant(encoded))
             except tf.errors.InvalidArgumentError as e:
                 return (f"{key.decode()}: undecodable JPEG ({e.message.splitlines()[0]}); "
-                        "fix or remove the record, or pass --on-corrupt skip to skip and count it")
+                        f"fix or remove the record, or {spelling.skip_hint()}")
     return f"preprocessing failed: {error.message.splitlines()[0]}"
