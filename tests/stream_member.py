@@ -9,6 +9,8 @@ each writing into OUT/name. Modes:
 * ``raise``: raise inside ``with SharedStream(...)`` at the third batch (the job must abort, fast);
 * ``kill`` / ``stop``: the last member sends itself SIGKILL (dies) / SIGSTOP (hangs) at the third
   batch; the others read on (the job must end, fast, naming what happened);
+* ``layouts``: one pass of ``stream.torch(layout=L)`` per layout, its images saved as NCHW;
+* ``epochs``: EPOCHS passes (``via`` numpy or torch): each batch's length, each sample's digest and label;
 * ``torch`` / ``jax``: EPOCHS epochs of ``stream.torch(layout=LAYOUT)`` / ``stream.jax()``, every batch
   kept; each one's NHWC pixel and label checksums when it came and at the end, its type, layout
   and dtypes, and every warning raised.
@@ -65,6 +67,45 @@ def _framework_rows(stream, mode: str, layout: str, epochs: int) -> dict:
     return {"rows": rows, "epochs": stream.epochs(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
 
 
+def _epoch_rows(stream, epochs: int, via: str) -> dict:
+    """``epochs`` mode: EPOCHS passes over the stream (numpy, or ``stream.torch()``), each batch's
+    length and each sample's image digest and label, in order, and the ledger."""
+    import hashlib
+
+    passes = []
+    for _ in range(epochs):
+        rows = []
+        for images, labels in (stream if via == "numpy" else stream.torch()):
+            images, labels = np.asarray(images), np.asarray(labels)
+            rows.append({"len": len(labels), "samples": [
+                [hashlib.blake2b(np.ascontiguousarray(x).tobytes(), digest_size=8).hexdigest(), int(y)]
+                for x, y in zip(images, labels)]})
+        passes.append(rows)
+    return {"passes": passes, "len": len(stream), "epochs": stream.epochs(), "dataset_batch": stream._dataset_batch}
+
+
+def _layout_rows(stream, out: str) -> dict:
+    """``layouts`` mode: one pass of ``stream.torch(layout=L)`` per layout; per pass its shapes and
+    memory format, and its images as NCHW saved to OUT/L.memberK.npy (to compare values)."""
+    import torch
+
+    def nchw(x, layout):
+        if layout == "NHWC" or (layout is None and stream.sample_layout == "HWC"):
+            return x.permute(0, 3, 1, 2)
+        return x
+
+    rows = {}
+    os.makedirs(out, exist_ok=True)
+    for layout in (None, "NCHW", "channels_last", "NHWC"):
+        xs = [x for x, _ in stream.torch(layout=layout)]
+        rows[str(layout)] = {"shapes": sorted({tuple(x.shape[1:]) for x in xs}),
+                             "contiguous": all(x.is_contiguous() for x in xs),
+                             "channels_last": all(x.is_contiguous(memory_format=torch.channels_last) for x in xs)}
+        np.save(os.path.join(out, f"{layout}.member{stream.member}.npy"),
+                torch.cat([nchw(x, layout) for x in xs]).contiguous().numpy())
+    return {"layouts": rows, "sample_layout": stream.sample_layout}
+
+
 def _kept_rows(stream, steps: int, pause: float = 0) -> dict:
     """``keep`` / ``checksums`` mode: STEPS batches kept, each checked when it came and at the end."""
     def checksum(images, meta):  # (a batch exchanged on a torch device: its pixels in host memory)
@@ -92,10 +133,12 @@ def case(case_mode: str, out: str, options: dict) -> None:
     options = dict(options)
     steps, layout, epochs = options.pop("steps", 20), options.pop("layout", "NHWC"), options.pop("epochs", 2)
     pause = options.pop("pause_s", 0)  # slept after each batch: a run that outlasts peer_timeout
+    via = options.pop("via", "numpy")
     if options.get("preprocess") == "gray40":
         options["preprocess"] = gray40
     elif ":" in options.get("preprocess", ""):  # module:function, or module:factory() (tests/user_transforms.py)
         module, name = options["preprocess"].split(":")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         fn = getattr(__import__(module), name.removesuffix("()"))
         options["preprocess"] = fn() if name.endswith("()") else fn
     data, batch = options.pop("data"), options.pop("batch_size")
@@ -113,8 +156,14 @@ def case(case_mode: str, out: str, options: dict) -> None:
                 stream.next_batch()
                 if i == 2 and last:
                     os.kill(os.getpid(), signal.SIGKILL if case_mode == "kill" else signal.SIGSTOP)
-        info = (_framework_rows(stream, case_mode, layout, epochs) if case_mode in ("torch", "jax")
-                else _kept_rows(stream, steps, pause))
+        if case_mode == "layouts":
+            info = _layout_rows(stream, out)
+        elif case_mode == "epochs":
+            info = _epoch_rows(stream, epochs, via)
+        elif case_mode in ("torch", "jax"):
+            info = _framework_rows(stream, case_mode, layout, epochs)
+        else:
+            info = _kept_rows(stream, steps, pause)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"member{stream.member}.json"), "w") as f:
         json.dump(info, f)

@@ -154,6 +154,38 @@ def test_the_lightning_example_trains_each_member_its_own_model(example_sets, tm
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_the_imagenet_style_example_trains_two_torchvision_models(example_sets, tmp_path, launcher):
+    """examples/train_imagenet_style.py, PyTorch's reference ImageNet script ported: two members,
+    resnet18 and mobilenet_v3_small, from one stream with the user's own torchvision v1 transforms,
+    on image class folders (train/ and val/), top-1 and top-5 per epoch, a checkpoint per member;
+    every epoch one pass of every sample once, the last batch short (48 images, batch 10)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("torchvision", reason="pip install torchvision to run the ImageNet-style example")
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(os.path.dirname(here), "examples", "train_imagenet_style.py")
+    launch = ([shutil.which("torchrun", path=os.path.dirname(sys.executable)), "--standalone", "--nproc-per-node", "2"]
+              if launcher == "torchrun" else [MPIEXEC, "-n", "2", sys.executable])
+    out = tmp_path / "runs"
+    r = subprocess.run([*launch, example, example_sets / "folders", "-a", "resnet18,mobilenet_v3_small", "--epochs",
+                        "2", "-b", "10", "--image-size", "32", "--lr", "0.01", "--out", out, "-j", "1",
+                        "--print-freq", "2"], capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert r.returncode == 0, said(r, chars=8000)
+    assert "member 0 Epoch: [1][5/5]" in r.stdout and " * Acc@1 " in r.stdout, r.stdout[-3000:]
+    for arch in ("resnet18", "mobilenet_v3_small"):
+        x = json.loads((out / arch / "result.json").read_text())
+        assert [h["epoch"] for h in x["history"]] == [0, 1]
+        assert all(0 <= h["acc1"] <= h["acc5"] <= 100 for h in x["history"])
+        assert [(e["epoch"], e["count"], e["missing"]) for e in x["stream_epochs"]][:2] == [(0, 48, 0), (1, 48, 0)]
+        assert {"checkpoint.pth.tar", "model_best.pth.tar", "result.json"} <= set(os.listdir(out / arch))
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("scheme, p", EVERY_SCHEME)
 def test_a_cell_trains_torch_members_on_every_scheme_exactly_once(dataset, tmp_path, scheme, p):
     """`enspipe run --consumer train` without TensorFlow: the torch trainer, the pillow backend, a

@@ -49,3 +49,46 @@ def changing(image):
 
 def text(image):
     return np.array(["a", "b"])
+
+
+def center32(image):
+    """A numpy callable, channels last (H, W, 3) as Pillow, OpenCV and albumentations give it."""
+    h, w = image.shape[:2]
+    return image[(h - 32) // 2:(h - 32) // 2 + 32, (w - 32) // 2:(w - 32) // 2 + 32]
+
+
+def kornia_center():
+    import kornia.augmentation as K
+
+    return torch.nn.Sequential(ToFloat(), K.CenterCrop(32, keepdim=True))
+
+
+# torchvision's v1 and v2 pipelines, deterministic, channels first (C, H, W), as a user's script has
+# them (module-level objects: `enspipe serve --preprocess user_transforms:TV1` serves them too)
+try:
+    import torchvision.transforms as T
+    from torchvision.transforms import v2
+
+    TV1 = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)])
+    TV2 = v2.Compose([v2.ToImage(), v2.Resize(40), v2.CenterCrop(32), v2.ToDtype(torch.float32, scale=True)])
+except Exception:  # noqa: BLE001 - not installed (TensorFlow's environment), or a build that does not import
+    TV1 = TV2 = None
+
+
+def tiny(image):
+    """An output far smaller than a page: three numbers per image."""
+    return image.reshape(-1, 3).mean(axis=0).astype(np.float32)
+
+
+def ambiguous(image):
+    """(3, 32, 3): no channel axis that can be told apart."""
+    return image[:3, :32, :3]
+
+
+_calls = [0]
+
+
+def fifth_wrong(image):
+    """The right shape for the probe's two samples, a wrong one on a worker's fifth image."""
+    _calls[0] += 1
+    return image[:9, :9] if _calls[0] == 5 else image[:8, :8]

@@ -177,6 +177,11 @@ class AttachedStream(StreamAdapters):
         """``(image shape, image dtype)`` of one preprocessed sample."""
         return tuple(self.info["shape"]), np.dtype(self.info["dtype"])
 
+    @property
+    def sample_layout(self) -> str | None:
+        """One sample's layout (``HWC``, ``CHW`` or None), as the server's preprocessing returns it."""
+        return self.info.get("layout", "HWC")
+
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch of this consumer's stream, ``(images, labels)`` (read-only arrays of its own)."""
         images, meta, _ = self._next()

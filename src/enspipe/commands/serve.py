@@ -25,7 +25,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", help="the server's Unix socket (default: one per dataset and user in "
                    "$XDG_RUNTIME_DIR or the temporary directory; enspipe.attach(DATA) finds it); under mpiexec "
                    "or srun, {rank} in it is the rank's number")
-    p.add_argument("--memory", default="1GB", help="the pool's budget: every preprocessed sample held counts")
+    p.add_argument("--memory", default=None, help="the pool's budget: every preprocessed sample held counts "
+                   "(default: what --max-consumers consumers need, for at most 8: each batch x (2 + ahead) samples)")
     p.add_argument("--ahead", type=int, default=2, help="batches made ahead for each consumer")
     p.add_argument("--status-interval", type=float, default=2.0, help="seconds between status updates (each a "
                    "window of rates)")

@@ -49,7 +49,7 @@ def prepare(opts: ServeOptions, say):
     if opts.backend == "gpu":
         _check_gpu(opts)
     free = shm_free_bytes()
-    in_shm = opts.slots * 16 if opts.on_gpu else opts.memory  # a GPU pool's rows alone are in /dev/shm
+    in_shm = opts.slots * 16 if opts.on_gpu else opts.pool_bytes  # a GPU pool's rows alone are in /dev/shm
     require(free is None or in_shm <= free, "memory", f"{in_shm} bytes asked, /dev/shm has {free} free",
             "pass a smaller --memory, or free /dev/shm")
     claim_socket(opts.socket, say)
@@ -76,5 +76,5 @@ def _check_gpu(opts: ServeOptions) -> None:
     require(device.index is None or device.index < torch.cuda.device_count(), "device", f"{opts.device}: this "
             f"process sees {torch.cuda.device_count()} GPUs", "pass a GPU it sees, or leave --device out")
     free, _ = torch.cuda.mem_get_info(device)
-    require(opts.memory <= free, "memory", f"the pool of {opts.slots} samples ({opts.memory} bytes) does not fit on "
+    require(opts.pool_bytes <= free, "memory", f"the pool of {opts.slots} samples ({opts.pool_bytes} bytes) does not fit on "
             f"{device}, which has {free} bytes free", "pass a smaller --memory, or free the GPU")

@@ -92,8 +92,7 @@ class Server:
         if self.mesh:
             self.mesh.thread.start()
         self.say(f"serving {self.opts.data} ({self.m.num_images} samples, batch {self.opts.batch_size}, "
-                 f"{self.opts.image_size} px {self.opts.preprocess}) on {self.opts.socket}; pool "
-                 f"{self.opts.slots} samples ({self.pool.bytes / 2**20:.0f} MiB)")
+                 f"{self.opts.image_size} px {self.opts.preprocess}) on {self.opts.socket}; {self.opts.sizing()}")
         idle_since = time.monotonic()
         try:
             while not self.stopping.is_set():
@@ -245,7 +244,7 @@ class Server:
             return (f"consumers: {attached} are attached, the server's --max-consumers {self.opts.max_consumers}; "
                     "start it with a larger --max-consumers (its memory budget holds "
                     f"{by_memory}), or attach once one has left")
-        return (f"consumers: {attached} are attached, as many as the server's memory budget holds ({self.opts.memory} "
+        return (f"consumers: {attached} are attached, as many as the server's pool holds ({self.opts.pool_bytes} "
                 f"bytes, {self.opts.slots} samples; each consumer needs batch_size x (2 + ahead) = {per}); start it "
                 "with a larger --memory or a smaller --ahead, or attach once one has left")
 

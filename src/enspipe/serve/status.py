@@ -98,7 +98,7 @@ class Status:
         return {"state": state, "pid": os.getpid(), "socket": self.opts.socket, "data": str(self.opts.data),
                 "num_images": self.sched.n, "batch_size": self.opts.batch_size,
                 "backend": self.opts.backend, **({"decodes": self.decodes()} if self.decodes else {}),
-                "memory": {"budget_bytes": self.opts.memory, "pool_bytes": self.pool_bytes, "pool_on": self.pool_device,
+                "memory": {"budget_bytes": self.opts.memory or self.opts.pool_bytes, "pool_bytes": self.pool_bytes, "pool_on": self.pool_device,
                            "held_bytes": self.sched.occupied() * self.opts.sample_bytes,
                            "cached_bytes": (self.sched.occupied() - self.sched.in_use()) * self.opts.sample_bytes,
                            "slots": self.sched.slots, "slots_in_use": self.sched.in_use(),

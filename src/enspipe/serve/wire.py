@@ -65,6 +65,9 @@ def default_socket(data: str) -> str:
     return os.path.join(base, f"enspipe-{os.getuid()}-{os.path.basename(where)[:24]}-{tag}.sock")
 
 
+DEFAULT_CONSUMERS = 8  # consumers the pool holds when no --memory is given
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """One attach server's stream: what it reads and makes, and what it may hold.
@@ -74,7 +77,8 @@ class ServeOptions:
         ServeOptions(data="data/train", batch_size=64, image_size=224, memory="2GB")
 
     ``memory``: the pool's budget (bytes or a size such as ``"2GB"``), every preprocessed sample
-    held for a consumer counted; ``ahead``: batches made ahead for each consumer; ``workers``:
+    held for a consumer counted (None, the default: what ``max_consumers`` consumers need, for at
+    most :data:`DEFAULT_CONSUMERS` of them: each ``batch_size x (2 + ahead)`` samples); ``ahead``: batches made ahead for each consumer; ``workers``:
     preprocessing threads (default: this host's cores); ``status_interval``: seconds between the
     status file's updates (``SOCKET.status.json``), each a window of the rates it shows;
     ``max_consumers``: consumers attached at once.
@@ -99,7 +103,7 @@ class ServeOptions:
     seed: int = 0
     workers: int | None = None
     socket: str | None = None
-    memory: int | str = "1GB"
+    memory: int | str | None = None
     ahead: int = 2
     status_interval: float = 2.0
     max_consumers: int = 64
@@ -109,7 +113,8 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         try:
-            object.__setattr__(self, "memory", parse_size(self.memory))
+            if self.memory is not None:
+                object.__setattr__(self, "memory", parse_size(self.memory))
         except ValueError as e:
             raise ConfigError("memory", str(e), "pass e.g. memory='2GB'") from None
         require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
@@ -196,14 +201,40 @@ class ServeOptions:
         return int(np.prod(shape)) * dtype.itemsize
 
     @property
+    def per_consumer(self) -> int:
+        """Samples one attached consumer holds at most: a batch copied out while the next
+        ``1 + ahead`` are made."""
+        return self.batch_size * (2 + self.ahead)
+
+    @property
     def slots(self) -> int:
-        return self.memory // self.sample_bytes
+        """The pool's samples: ``memory``'s worth, or (no budget given) what ``sized_for`` consumers need."""
+        if self.memory is not None:
+            return self.memory // self.sample_bytes
+        return max(self.sized_for * self.per_consumer, 3 * self.batch_size * (1 + self.ahead))
+
+    @property
+    def sized_for(self) -> int:
+        """Consumers the default pool is sized for: ``max_consumers``, at most :data:`DEFAULT_CONSUMERS`."""
+        return min(self.max_consumers, DEFAULT_CONSUMERS)
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.slots * self.sample_bytes
+
+    def sizing(self) -> str:
+        """How the pool was sized, and how to size it otherwise (said at start)."""
+        holds = min(self.max_consumers, max(1, self.slots // self.per_consumer))
+        how = (f"--memory {self.memory} bytes" if self.memory is not None else
+               f"sized for {self.sized_for} consumers, each batch_size x (2 + ahead) = {self.per_consumer} samples")
+        return (f"pool {self.slots} samples of {self.sample_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB; {how}): "
+                f"room for {holds} consumers at once; --memory SIZE or --max-consumers N sizes it")
 
     def slots_problem(self) -> str | None:
         """Why the budget cannot hold even one consumer's batches, or None."""
         need = 3 * self.batch_size * (1 + self.ahead)
         if self.slots < need:
-            return (f"{self.memory} bytes hold {self.slots} samples of {self.sample_bytes} bytes; one consumer "
+            return (f"{self.pool_bytes} bytes hold {self.slots} samples of {self.sample_bytes} bytes; one consumer "
                     f"needs at least {need} (3 x batch_size x (1 + ahead))")
         return None
 
