@@ -35,6 +35,14 @@ def test_bad_arguments_exit_2_naming_the_option(dataset, tmp_path, args, option)
     assert not (tmp_path / "o" / "summary.json").exists()
 
 
+@pytest.fixture
+def flags(monkeypatch):
+    """Messages as the command line spells them (a cell's options are its flags)."""
+    from enspipe.common import spelling
+
+    monkeypatch.setitem(spelling._mode, "flags", True)
+
+
 def test_mpstat_requested_but_missing_names_the_fix(dataset, tmp_path):
     import os
     import sys
@@ -68,7 +76,7 @@ def test_missing_dataset_names_the_fix(tmp_path):
     assert r.returncode == 2 and "--data" in r.stderr and "make-dataset" in r.stderr
 
 
-def test_config_error_fields():
+def test_config_error_fields(flags):
     with pytest.raises(ConfigError) as e:
         RunConfig.of(data=".", out="o", queue_depth=0)
     assert e.value.field == "queue_depth" and "queue-depth" in str(e.value)
@@ -113,7 +121,7 @@ def test_a_unit_holds_block_images_of_the_smallest_share_at_most_eight_batches()
         assert {s.unit_batches(32, 32) for _ in range(3)} == {min(8, -(-32 // (32 // n)))}
 
 
-def test_block_images_is_checked():
+def test_block_images_is_checked(flags):
     with pytest.raises(ConfigError) as e:
         RunConfig.of(data=".", out="o", block_images=0)
     assert e.value.field == "block_images" and "block-images" in str(e.value)
@@ -222,7 +230,7 @@ def test_run_options_are_declared_once_on_the_run_config(dataset, tmp_path):
         assert flat[f.name] == want, f.name
 
 
-def test_the_run_config_is_one_small_config_per_concern():
+def test_the_run_config_is_one_small_config_per_concern(flags):
     """Each option belongs to exactly one concern; RunConfig.of routes flat names to it, replaced()
     keeps the others, and a concern's own bad value fails when the concern is made."""
     from enspipe.plan.concerns import CONCERNS, MeasureOptions

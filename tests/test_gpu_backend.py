@@ -180,8 +180,8 @@ def test_an_undecodable_image_fails_the_slice_naming_it_or_is_skipped(dataset):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("options, says", [
-    ({}, "--backend: the gpu backend decodes on a GPU, and CUDA is not available here"),
-    ({"preprocess": lambda image: image}, "--preprocess: the gpu backend runs its own preprocessings on the GPU")])
+    ({}, "backend=: the gpu backend decodes on a GPU, and CUDA is not available here"),
+    ({"preprocess": lambda image: image}, "preprocess=: the gpu backend runs its own preprocessings on the GPU")])
 def test_the_gpu_backend_is_refused_before_any_work(dataset, options, says):
     with pytest.raises(ConfigError) as e:
         StreamConfig(data=dataset, batch_size=10, backend="gpu", **{"preprocess": "standard", **options})

@@ -236,3 +236,22 @@ def test_an_attached_stream_as_torch_tensors_and_jax_arrays(server, dataset):
             return
         assert sum(len(labels) for _, labels in s.jax()) == 50  # epoch 1
         assert [e["missing"] for e in s.epochs()] == [0, 0]
+
+
+def test_serve_sizes_its_default_pool_for_its_consumers_and_says_how(tmp_path, dataset):
+    """No --memory: the pool holds what 8 consumers need (each batch x (2 + ahead)), said at start
+    with how to change it; --workers above the cores this process may use is said in one line."""
+    import os
+
+    from conftest import enspipe as cli
+
+    cores = len(os.sched_getaffinity(0))
+    r = cli("serve", "--data", dataset, "--batch-size", 8, "--image-size", 32, "--socket", str(tmp_path / "d.sock"),
+            "--idle-exit", "0.5", "--workers", cores + 1)
+    assert r.returncode == 0, r.stderr
+    assert ("pool 256 samples of 3072 bytes (0.8 MiB; sized for 8 consumers, each batch_size x (2 + ahead) = 32 "
+            "samples): room for 8 consumers at once; --memory SIZE or --max-consumers N sizes it") in r.stdout, r.stdout
+    assert f"--workers {cores + 1} is more than the {cores} cores this process may use" in r.stderr, r.stderr
+    r = cli("serve", "--data", dataset, "--batch-size", 8, "--image-size", 32, "--socket", str(tmp_path / "e.sock"),
+            "--idle-exit", "0.5", "--max-consumers", 2)
+    assert r.returncode == 0 and "pool 72 samples" in r.stdout and "room for 2 consumers" in r.stdout, r.stdout

@@ -106,7 +106,7 @@ def test_members_that_disagree_are_told_which(dataset, tmp_path):
     cases = {"c": ("checksums", {"data": dataset, **COMMON, "rank_options": {"1": {"preprocess": "vgg"}}})}
     r, res = _launch("torchrun", 2, tmp_path, cases, timeout=180)
     assert r.returncode != 0, said(r)
-    assert "preprocess: the members resolved different values ({'inception': [0], 'vgg': [1]}" in r.stderr, said(r)
+    assert "preprocess=: the members resolved different values ({'inception': [0], 'vgg': [1]}" in r.stderr, said(r)
 
 
 def test_torchrun_without_the_torch_transport_is_refused(dataset, tmp_path):
@@ -138,13 +138,13 @@ def test_a_torch_world_of_another_size_than_mpis_is_refused(dataset, tmp_path):
     env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
     r, res = _launch("mpiexec", 2, tmp_path, cases, timeout=120, env=env)
     assert r.returncode != 0 and res["c"] == []
-    assert "--transport: torch's WORLD_SIZE=3 is not the 2 members MPI launched" in r.stderr, said(r)
+    assert "transport=: torch's WORLD_SIZE=3 is not the 2 members MPI launched" in r.stderr, said(r)
 
 
 @pytest.mark.parametrize("options, says", [
-    ({"device": "cuda"}, "--device: the mpi4py transport exchanges batches in host memory"),
-    ({"device": "gpu0", "transport": "torch"}, "--device: 'gpu0' is not a device the batches can be exchanged on"),
-    ({"device": "cuda:0", "transport": "torch"}, "--device: CUDA is not available here")])
+    ({"device": "cuda"}, "device=: the mpi4py transport exchanges batches in host memory"),
+    ({"device": "gpu0", "transport": "torch"}, "device=: 'gpu0' is not a device the batches can be exchanged on"),
+    ({"device": "cuda:0", "transport": "torch"}, "device=: CUDA is not available here")])
 def test_a_device_the_batches_cannot_be_exchanged_on_is_refused_naming_it(dataset, options, says):
     import torch
 
@@ -171,7 +171,7 @@ def test_members_that_would_share_a_gpu_over_nccl_are_refused_naming_them():
     _check_gpus([(0, 1), (2, 3)], on_one)  # one group on one GPU (its ring), one over NCCL on two
     with pytest.raises(ConfigError) as e:
         _check_gpus([(0, 1, 2, 3)], on_one)
-    assert ("--device: members [0, 1] would exchange on one GPU (GPU-1 on node7) with others of their group "
+    assert ("device=: members [0, 1] would exchange on one GPU (GPU-1 on node7) with others of their group "
             "elsewhere, and NCCL refuses two ranks on one GPU") in str(e.value)
 
 

@@ -181,12 +181,12 @@ def test_every_layout_yields_what_is_asked_with_the_transforms_own_values(datase
 def test_a_served_stream_yields_every_layout_with_the_transforms_own_values(tmp_path, dataset, monkeypatch, spec,
                                                                              layout):
     """The same through `enspipe serve --preprocess ...` and attach: the layout travels with the pool."""
+    _pipelines()
     import torch
 
     import enspipe
     from serve_helpers import ServerProcess
 
-    _pipelines()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(user_transforms.__file__),
                                                                    os.environ.get("PYTHONPATH")])))
     want = _expected_nchw(dataset, getattr(user_transforms, spec.split(":")[1]))

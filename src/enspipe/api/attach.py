@@ -38,7 +38,7 @@ from enspipe.serve import wire
 
 def attach(target, *, batch_size: int | None = None, image_size: int | None = None, preprocess: str | None = None,
            wire_dtype: str | None = None, seed: int | None = None, data: str | None = None, name: str | None = None,
-           timeout: float = 60.0) -> "AttachedStream":
+           timeout: float = 60.0, **unknown) -> "AttachedStream":
     """Attach to the server for ``target``: a dataset directory (its server's default socket, and
     the dataset checked against the server's) or a server's socket path.
 
@@ -48,6 +48,10 @@ def attach(target, *, batch_size: int | None = None, image_size: int | None = No
     consumer in the server's status; ``timeout``: seconds to wait for a batch from a server that
     does not answer (one that has ended is noticed at once).
     """
+    from enspipe.plan.errors import unknown_keywords
+
+    unknown_keywords(unknown, ("batch_size", "image_size", "preprocess", "wire_dtype", "seed", "data", "name",
+                               "timeout"), "attach", {"num_workers": "name", "transform": "preprocess"})
     target = os.fspath(target)
     data = os.fspath(data) if data is not None else (target if os.path.isdir(target) else None)
     path = wire.default_socket(target) if os.path.isdir(target) else target

@@ -44,6 +44,7 @@ class EpochBatches:
         with ``last``; so does a tail that ``drop_last`` drops."""
         self.keep = keep
         images, meta, last = self._assemble()
+        ended = self.epoch
         if last:
             if self.drop_last and 0 < len(meta) < self.B:
                 self.ledger.add(meta[:, 0], meta[:, EPOCH], dropped=True)
@@ -51,6 +52,8 @@ class EpochBatches:
             self.epoch, self.given = None, 0
         if len(meta):
             self.ledger.add(meta[:, 0], meta[:, EPOCH])
+        if last and ended is not None:
+            self.ledger.end(ended)
         return images, meta, last
 
     def _current(self):

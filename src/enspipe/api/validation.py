@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def validation_set(data, preprocess="inception", image_size: int = 224,
-                   backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+def validation_set(data, preprocess="inception", image_size: int = 224, backend: str = "auto",
+                   **unknown) -> tuple[np.ndarray, np.ndarray]:
     """``(images, labels)`` of the small dataset at ``data``, in its canonical order, held in memory.
 
     ``preprocess``: a built-in's name, whose evaluation transform is used (Slim's: a central crop
@@ -25,7 +25,10 @@ def validation_set(data, preprocess="inception", image_size: int = 224,
             transforms.Resize(72), transforms.CenterCrop(64), transforms.ToTensor()]))   # (M, 3, 64, 64)
     """
     from enspipe.data.validation import load_validation
+    from enspipe.plan.errors import unknown_keywords
     from enspipe.plan.stream import StreamConfig
+
+    unknown_keywords(unknown, ("preprocess", "image_size", "backend"), "validation_set", {"transform": "preprocess"})
 
     cfg = StreamConfig(data=data, batch_size=1, preprocess=preprocess, image_size=image_size, backend=backend)
     _, preprocessing = cfg.check()

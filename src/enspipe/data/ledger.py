@@ -19,6 +19,7 @@ class EpochLedger:
         self._digests: dict[int, str] = {}
         self._ids: dict[int, list[np.ndarray]] = {}
         self._dropped: dict[int, int] | None = {} if drops else None  # drop_last's tails, per epoch
+        self._ended: set[int] = set()  # epochs whose end was seen (the stream's next sample is a later epoch's)
 
     def add(self, ids: np.ndarray, epochs: np.ndarray, dropped: bool = False) -> None:
         """Samples that reached the member; ``dropped``: not given to its loop (``drop_last``'s tail)."""
@@ -31,6 +32,10 @@ class EpochLedger:
             if dropped:
                 self._dropped[e] = self._dropped.get(e, 0) + len(sel)
 
+    def end(self, epoch: int) -> None:
+        """Epoch ``epoch`` is over (its end seen without a later epoch's sample counted yet)."""
+        self._ended.add(int(epoch))
+
     def completed(self) -> list[dict]:
         """Per completed epoch: the ``count`` of samples that reached the member, their ``digest``,
         how many are ``missing``, and (``drops``) how many of them were ``dropped`` as the tail."""
@@ -38,7 +43,7 @@ class EpochLedger:
         extra = (lambda e: {"dropped": self._dropped.get(e, 0)}) if self._dropped is not None else (lambda e: {})
         return [{"epoch": e, "count": self._counts[e], "digest": self._digests[e],
                  "missing": self.num_images - self._counts[e], **extra(e)}
-                for e in sorted(self._counts) if e < last or self._counts[e] >= self.num_images]
+                for e in sorted(self._counts) if e < last or e in self._ended or self._counts[e] >= self.num_images]
 
     def partial(self) -> dict | None:
         done = {c["epoch"] for c in self.completed()}

@@ -244,7 +244,7 @@ class Server:
             return (f"consumers: {attached} are attached, the server's --max-consumers {self.opts.max_consumers}; "
                     "start it with a larger --max-consumers (its memory budget holds "
                     f"{by_memory}), or attach once one has left")
-        return (f"consumers: {attached} are attached, as many as the server's pool holds ({self.opts.pool_bytes} "
+        return (f"consumers: {attached} are attached, as many as the server's memory budget holds ({self.opts.pool_bytes} "
                 f"bytes, {self.opts.slots} samples; each consumer needs batch_size x (2 + ahead) = {per}); start it "
                 "with a larger --memory or a smaller --ahead, or attach once one has left")
 
