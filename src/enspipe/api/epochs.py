@@ -30,7 +30,6 @@ class EpochBatches:
         self.epoch: int | None = None  # the epoch being delivered
         self.given = 0                  # its samples delivered (or dropped) so far
         self.rest = None                # what is left of the last global batch: (images, meta, volatile)
-        self.keep = True
 
     def steps(self) -> int:
         """Batches in one epoch."""
@@ -42,8 +41,7 @@ class EpochBatches:
         place, valid until the next call). Where records were skipped, an epoch's end may be seen
         only after its last batch was returned: the next call then returns a batch of no samples
         with ``last``; so does a tail that ``drop_last`` drops."""
-        self.keep = keep
-        images, meta, last = self._assemble()
+        images, meta, last = self._assemble(keep)
         ended = self.epoch
         if last:
             if self.drop_last and 0 < len(meta) < self.B:
@@ -61,7 +59,7 @@ class EpochBatches:
             self.rest = self.fetch()
         return self.rest
 
-    def _assemble(self) -> tuple:
+    def _assemble(self, keep: bool) -> tuple:
         """Up to ``B`` samples of the current epoch, and whether the epoch ends with them."""
         out, n = None, 0
         while True:
@@ -81,7 +79,7 @@ class EpochBatches:
             if out is None and k == len(meta) == want:  # the global batch is the batch: no assembly
                 self.rest = None
                 self.given += k
-                return (*self._own(images, meta, volatile), self.counted and self.given == self.N)
+                return (*self._own(images, meta, volatile and keep), self.counted and self.given == self.N)
             if out is None:
                 out = self._buffer(images)
             out[0][n:n + k] = images[:k]
@@ -110,7 +108,7 @@ class EpochBatches:
 
     def _own(self, images, meta, volatile: bool) -> tuple:
         """A whole global batch, valid for as long as it is held: a node-shared slot copied out."""
-        if not (volatile and self.keep):
+        if not volatile:
             return images, meta
         if not isinstance(images, np.ndarray):
             return images.clone(), meta.copy()

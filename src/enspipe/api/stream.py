@@ -251,10 +251,9 @@ class SharedStream(StreamAdapters):
         self.malloc = set_malloc(malloc)
         where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
         if threads is not None and comm.Get_rank() == 0:
-            from enspipe.engine.affinity import available_cores
             from enspipe.engine.placement import warn_oversubscribed
 
-            warn_oversubscribed("threads=", threads, len(available_cores()))
+            warn_oversubscribed("threads=", threads)
         _agree(comm, cfg)
         self.device = _exchange_device(cfg, where)
         nodes = node_groups(comm.allgather(where.mpi_node))

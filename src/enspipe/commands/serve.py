@@ -67,10 +67,9 @@ def _serve(a: argparse.Namespace, fail: Fail) -> int:
     except ConfigError as e:
         fail(str(e))
     if a.workers and rank == 0:
-        from enspipe.engine.affinity import available_cores
         from enspipe.engine.placement import warn_oversubscribed
 
-        warn_oversubscribed("--workers", a.workers, len(available_cores()))
+        warn_oversubscribed("--workers", a.workers)
     comm = None
     if ranks > 1:  # this node's dataset, memory and socket may fail on one rank alone: every rank hears of it
         from mpi4py import MPI

@@ -93,9 +93,11 @@ def place(comm, MPI, cores_per_member: int | None) -> Placement:
     return Placement(label, host_rank, members, host_cpus, mpi_node, cores, sharing, hosts)
 
 
-def warn_oversubscribed(option: str, asked: int, usable: int) -> bool:
-    """One line on stderr where a member asks for more cores (``option``: ``--cores`` or
-    ``threads=``) than its process may use; whether it did."""
+def warn_oversubscribed(option: str, asked: int, usable: int | None = None) -> bool:
+    """One line on stderr where a member asks for more cores (``option``: ``--cores``,
+    ``--workers`` or ``threads=``) than its process may use (``usable``; None: its affinity's);
+    whether it did."""
+    usable = len(available_cores()) if usable is None else usable
     if asked <= usable:
         return False
     import sys

@@ -76,5 +76,5 @@ def _check_gpu(opts: ServeOptions) -> None:
     require(device.index is None or device.index < torch.cuda.device_count(), "device", f"{opts.device}: this "
             f"process sees {torch.cuda.device_count()} GPUs", "pass a GPU it sees, or leave --device out")
     free, _ = torch.cuda.mem_get_info(device)
-    require(opts.pool_bytes <= free, "memory", f"the pool of {opts.slots} samples ({opts.pool_bytes} bytes) does not fit on "
-            f"{device}, which has {free} bytes free", "pass a smaller --memory, or free the GPU")
+    require(opts.pool_bytes <= free, "memory", f"the pool of {opts.slots} samples ({opts.pool_bytes} bytes) does not "
+            f"fit on {device}, which has {free} bytes free", "pass a smaller --memory, or free the GPU")

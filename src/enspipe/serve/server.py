@@ -237,21 +237,21 @@ class Server:
 
     def _full(self) -> str:
         """Why one more consumer does not fit, naming the limit that applies and its fix."""
-        per = self.opts.batch_size * (2 + self.opts.ahead)
+        per = self.opts.per_consumer
         by_memory = max(1, self.opts.slots // per)
         attached = len(self.sched.consumers)
         if self.opts.max_consumers <= by_memory:
             return (f"consumers: {attached} are attached, the server's --max-consumers {self.opts.max_consumers}; "
                     "start it with a larger --max-consumers (its memory budget holds "
                     f"{by_memory}), or attach once one has left")
-        return (f"consumers: {attached} are attached, as many as the server's memory budget holds ({self.opts.pool_bytes} "
-                f"bytes, {self.opts.slots} samples; each consumer needs batch_size x (2 + ahead) = {per}); start it "
+        return (f"consumers: {attached} are attached, as many as the server's memory budget holds "
+                f"({self.opts.pool_bytes} bytes, {self.opts.slots} samples; each consumer needs batch_size x (2 + ahead) = {per}); start it "
                 "with a larger --memory or a smaller --ahead, or attach once one has left")
 
     @property
     def capacity(self) -> int:
-        """Consumers the pool holds: each may copy one batch out while its next ones are made."""
-        return min(self.opts.max_consumers, max(1, self.opts.slots // (self.opts.batch_size * (2 + self.opts.ahead))))
+        """Consumers the pool holds (:attr:`~enspipe.serve.wire.ServeOptions.capacity`)."""
+        return self.opts.capacity
 
     def _leave(self, conn: socket.socket, cid: int | None, why: str) -> None:
         with self.cond:

@@ -78,8 +78,8 @@ class ServeOptions:
 
     ``memory``: the pool's budget (bytes or a size such as ``"2GB"``), every preprocessed sample
     held for a consumer counted (None, the default: what ``max_consumers`` consumers need, for at
-    most :data:`DEFAULT_CONSUMERS` of them: each ``batch_size x (2 + ahead)`` samples); ``ahead``: batches made ahead for each consumer; ``workers``:
-    preprocessing threads (default: this host's cores); ``status_interval``: seconds between the
+    most :data:`DEFAULT_CONSUMERS` of them: each ``batch_size x (2 + ahead)`` samples); ``ahead``:
+    batches made ahead for each consumer; ``workers``: preprocessing threads (default: this host's cores); ``status_interval``: seconds between the
     status file's updates (``SOCKET.status.json``), each a window of the rates it shows;
     ``max_consumers``: consumers attached at once.
 
@@ -211,7 +211,17 @@ class ServeOptions:
         """The pool's samples: ``memory``'s worth, or (no budget given) what ``sized_for`` consumers need."""
         if self.memory is not None:
             return self.memory // self.sample_bytes
-        return max(self.sized_for * self.per_consumer, 3 * self.batch_size * (1 + self.ahead))
+        return max(self.sized_for * self.per_consumer, self.least_slots)
+
+    @property
+    def least_slots(self) -> int:
+        """The fewest samples a pool may hold: one consumer's, 3 x batch_size x (1 + ahead)."""
+        return 3 * self.batch_size * (1 + self.ahead)
+
+    @property
+    def capacity(self) -> int:
+        """Consumers the pool holds at once: each may copy one batch out while its next ones are made."""
+        return min(self.max_consumers, max(1, self.slots // self.per_consumer))
 
     @property
     def sized_for(self) -> int:
@@ -224,15 +234,14 @@ class ServeOptions:
 
     def sizing(self) -> str:
         """How the pool was sized, and how to size it otherwise (said at start)."""
-        holds = min(self.max_consumers, max(1, self.slots // self.per_consumer))
         how = (f"--memory {self.memory} bytes" if self.memory is not None else
                f"sized for {self.sized_for} consumers, each batch_size x (2 + ahead) = {self.per_consumer} samples")
         return (f"pool {self.slots} samples of {self.sample_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB; {how}): "
-                f"room for {holds} consumers at once; --memory SIZE or --max-consumers N sizes it")
+                f"room for {self.capacity} consumers at once; --memory SIZE or --max-consumers N sizes it")
 
     def slots_problem(self) -> str | None:
         """Why the budget cannot hold even one consumer's batches, or None."""
-        need = 3 * self.batch_size * (1 + self.ahead)
+        need = self.least_slots
         if self.slots < need:
             return (f"{self.pool_bytes} bytes hold {self.slots} samples of {self.sample_bytes} bytes; one consumer "
                     f"needs at least {need} (3 x batch_size x (1 + ahead))")
