@@ -128,7 +128,7 @@ def simulate(a) -> None:
           f"all-reduce among g ranks (each rank's layers as profiled at the nearest count's share of the batch); "
           f"blocks of 4 MB")
     print(f"# Prophet reports {PROPHET_GAIN}")
-    print(f"{'network':<14}{'g':>3}{'Gbit/s':>8}{'whole s':>9}{'blocks s':>10}{'prophet s':>11}"
+    print(f"{'network':<14}{'g':>3}{'Gbit/s':>8}{'whole ms':>10}{'blocks ms':>11}{'prophet ms':>12}"
           f"{'whole/blocks':>14}{'whole/prophet':>15}{'blocks/prophet':>16}")
     for network in a.networks:
         with open(profile(network, data, a)) as f:
@@ -140,7 +140,8 @@ def simulate(a) -> None:
                 t = {"whole": simulate_step(p, whole_block(p), False, g, bw, a.latency),
                      "blocks": simulate_step(p, fixed_blocks(p.sizes, 4 * 2**20), False, g, bw, a.latency),
                      "prophet": simulate_step(p, prophet_blocks(p, g, bw, a.latency), True, g, bw, a.latency)}
-                print(f"{network:<14}{g:>3}{gbit:>8g}{t['whole']:>9.3f}{t['blocks']:>10.3f}{t['prophet']:>11.3f}"
+                print(f"{network:<14}{g:>3}{gbit:>8g}{t['whole'] * 1e3:>10.3g}{t['blocks'] * 1e3:>11.3g}"
+                      f"{t['prophet'] * 1e3:>12.3g}"
                       f"{t['whole'] / t['blocks']:>14.2f}{t['whole'] / t['prophet']:>15.2f}"
                       f"{t['blocks'] / t['prophet']:>16.2f}")
 
