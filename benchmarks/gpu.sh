@@ -33,32 +33,33 @@ mpiexec -n 2 "$PY" -c "from mpi4py import MPI; c = MPI.COMM_WORLD; r = c.gather(
 "$PY" -c "import enspipe, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 1
 
 PARTS=" ${PARTS:-checks feed rates scaling cells} "
-part() { [[ "$PARTS" == *" $1 "* ]]; }
+part() { [[ "$PARTS" == *" $1 "* ]] && START=$SECONDS; }
+took() { echo "$((SECONDS - START)) s"; }
 
 if part checks; then  # what CI skips without CUDA: nvJPEG and the gpu backend's values, the CUDA IPC ring and pool
   timeout "${CHECKS_SECONDS:-150}" "$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs tests/test_gpu_backend.py \
     tests/test_torch_transport.py -k "nvjpeg or engine_on_the_gpu or cuda_ipc"
-  echo "gpu_checks: exit $?"
+  echo "gpu_checks: exit $? in $(took)"
 fi
 if part feed; then
   timeout "${FEED_SECONDS:-420}" "$PY" benchmarks/feed.py --out "$OUT" --budget 330 ${FEED_ARGS:-}
-  echo "feed: exit $?"
+  echo "feed: exit $? in $(took)"
 fi
 if part rates; then
   timeout "${RATES_SECONDS:-240}" "$PY" benchmarks/gpu_rates.py --out "$OUT/gpu_rates.json" \
     --steps 20 --warmup 5 --repeats 2 --seconds 1.5 ${RATES_ARGS:-}
-  echo "gpu_rates: exit $?"
+  echo "gpu_rates: exit $? in $(took)"
 fi
 if part scaling; then
   timeout "${SCALING_SECONDS:-150}" "$PY" benchmarks/scaling.py --backends pillow --preprocess inception,standard \
     --repeats 1 --images-per-core 256 --json "$OUT/scaling.json" ${SCALING_ARGS:-}
-  echo "scaling: exit $?"
+  echo "scaling: exit $? in $(took)"
 fi
 if part cells; then
   CELLS_OUT=${CELLS_OUT:-/tmp/gpu-cells}  # the cells' folders; what comes back is copied to $OUT
   timeout "${CELLS_SECONDS:-330}" "$PY" benchmarks/gpu_cells.py --out "$CELLS_OUT" --images 512 \
     --steps 30 --warmup 3 --repeats 2 ${CELLS_ARGS:-}
-  echo "gpu_cells: exit $?"
+  echo "gpu_cells: exit $? in $(took)"
   for f in gpu_cells.json nvml_samples.csv nvidia_smi.csv enspipe_nvml_samples.json summaries.tar.gz; do
     if [ -f "$CELLS_OUT/$f" ]; then cp "$CELLS_OUT/$f" "$OUT/"; fi
   done
