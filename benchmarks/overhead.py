@@ -56,7 +56,7 @@ def one(data: str, a) -> dict[str, float]:
 def grid_cells(path: str) -> int:
     import yaml
 
-    from enspipe.plan import grid
+    from enspipe.run import grid
 
     config = yaml.safe_load(open(path))
     cells, _ = grid.expand(config)

@@ -229,7 +229,7 @@ def parse(size: str) -> int:
 
 # -- the table ----------------------------------------------------------------------------------------
 def _tf_installed() -> bool:
-    from enspipe.plan.stream import tensorflow_installed
+    from enspipe.engine.config import tensorflow_installed
 
     return tensorflow_installed()
 

@@ -200,7 +200,7 @@ def test_without_tensorflow_the_default_is_pillow_and_tf_is_refused(dataset):
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import enspipe, sys\nfrom enspipe.plan.stream import StreamConfig\n"
+    code = ("import enspipe, sys\nfrom enspipe.engine.config import StreamConfig\n"
             f"print(StreamConfig(data={str(dataset)!r}, batch_size=8).backend)\n"
             f"try:\n    StreamConfig(data={str(dataset)!r}, batch_size=8, backend='tf')\n"
             "except enspipe.ConfigError as e:\n    print(e)\n")

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import enspipe, said
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 from enspipe.plan.schemes import AUTO, MAX_UNIT_BATCHES, SCHEME_KINDS, Broadcast, Gather, make_scheme, node_groups
 
 
@@ -162,7 +162,7 @@ def test_every_surface_reads_the_scheme_registry():
     import yaml
 
     from enspipe.cli import build_parser
-    from enspipe.plan.concerns import SCHEMES
+    from enspipe.run.concerns import SCHEMES
 
     names = list(SCHEME_KINDS) + [AUTO]  # the registry's schemes, and the planner's choice
     assert list(SCHEMES) == names
@@ -214,7 +214,7 @@ def test_thread_pools_are_sized_from_the_hosts_cores(cores, members, host_cpus, 
 def test_run_options_are_declared_once_on_the_run_config(dataset, tmp_path):
     """The parser is built from RunConfig's fields: each default is the field's, each value parses."""
     from enspipe.cli import build_parser, config_from_args
-    from enspipe.plan.run_options import option_fields
+    from enspipe.run.run_options import option_fields
 
     base = ["run", "--data", str(dataset), "--out", str(tmp_path)]
     cfg = config_from_args(build_parser().parse_args(
@@ -233,8 +233,8 @@ def test_run_options_are_declared_once_on_the_run_config(dataset, tmp_path):
 def test_the_run_config_is_one_small_config_per_concern(flags):
     """Each option belongs to exactly one concern; RunConfig.of routes flat names to it, replaced()
     keeps the others, and a concern's own bad value fails when the concern is made."""
-    from enspipe.plan.concerns import CONCERNS, MeasureOptions
-    from enspipe.plan.run_options import option_fields
+    from enspipe.run.concerns import CONCERNS, MeasureOptions
+    from enspipe.run.run_options import option_fields
     from enspipe.plan.errors import ConfigError
 
     names = [f.name for f in option_fields()]

@@ -35,7 +35,7 @@ def test_a_budget_that_is_not_a_size_or_does_not_fit_fails_before_any_work(datas
 
 
 def test_the_library_checks_the_budget_too(dataset):
-    from enspipe.plan.stream import StreamConfig
+    from enspipe.engine.config import StreamConfig
 
     with pytest.raises(ConfigError, match="decode_cache"):
         StreamConfig(data=dataset, batch_size=8, decode_cache="eight gigs", backend="pillow")

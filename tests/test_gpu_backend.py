@@ -34,7 +34,7 @@ from enspipe.data.tensor_pixels import standard_train, train  # noqa: E402
 from enspipe.engine.backends import gpu, pillow  # noqa: E402
 from enspipe.engine.backends.base import PrepSpec  # noqa: E402
 from enspipe.plan.errors import ConfigError  # noqa: E402
-from enspipe.plan.stream import StreamConfig, checked_manifest  # noqa: E402
+from enspipe.engine.config import StreamConfig, checked_manifest  # noqa: E402
 
 SIZE = 64
 

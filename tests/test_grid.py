@@ -6,7 +6,7 @@ import jsonschema
 import pytest
 import yaml
 
-from enspipe.plan import grid
+from enspipe.run import grid
 from enspipe.run.calibration import rates
 from enspipe.report.collect import ROW_COLUMNS, add_reductions, cell_row
 
@@ -212,7 +212,7 @@ def test_the_default_grid_drops_nothing_and_the_papers_says_what_it_drops():
 
 def test_the_schemas_run_defaults_are_run_configs():
     """Where the workflow's schema spells out a run option's default, it is RunConfig's (one value)."""
-    from enspipe.plan.run_options import default
+    from enspipe.run.run_options import default
 
     schema = yaml.safe_load(open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")))
     power = schema["properties"]["power"]["properties"]

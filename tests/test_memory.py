@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 from enspipe.plan.errors import ConfigError
 
 FAULTS = """

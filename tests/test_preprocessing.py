@@ -156,7 +156,7 @@ def test_the_fused_colour_map_is_slims_affine_steps_and_keeps_luma():
 
 def test_fused_colour_is_an_approximation_and_is_refused_beside_a_function(tmp_path):
     from enspipe.plan.errors import ConfigError
-    from enspipe.plan.stream import StreamConfig
+    from enspipe.engine.config import StreamConfig
 
     jpeg = tf.io.encode_jpeg(synthetic_image(0, 3, 10)[0], quality=90)
     seed = tf.constant([1, 4], tf.int64)

@@ -104,7 +104,7 @@ def test_bad_serve_options_exit_2_before_any_work(server, tmp_path, dataset):
     r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--preprocess", "resnet")
     assert r.returncode == 2 and "unknown preprocessing" in r.stderr
     r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--device", "cuda")
-    assert r.returncode == 2 and "--device: 'cuda' is not a device the gpu backend serves from" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--device: the pillow backend makes its samples on the CPU into host memory, not on 'cuda'" in r.stderr, r.stderr
     r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--backend", "gpu", "--preprocess", "mine.aug:fn")
     assert r.returncode == 2 and "the gpu backend runs its own preprocessings" in r.stderr, r.stderr
 

@@ -149,7 +149,7 @@ def test_a_device_the_batches_cannot_be_exchanged_on_is_refused_naming_it(datase
     import torch
 
     from enspipe.plan.errors import ConfigError
-    from enspipe.plan.stream import StreamConfig
+    from enspipe.engine.config import StreamConfig
 
     if "CUDA" in says and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

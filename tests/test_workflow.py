@@ -16,7 +16,7 @@ import yaml
 from PIL import Image
 
 from conftest import said, slurm_nodes
-from enspipe.plan import grid
+from enspipe.run import grid
 
 pytestmark = pytest.mark.workflow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 __all__ = ["SharedStream", "StreamConfig", "attach", "ServerGone", "validation_set", "ConfigError", "DataError",
            "lightning_member", "__version__"]
 
-_PUBLIC = {"SharedStream": "enspipe.api.stream", "StreamConfig": "enspipe.plan.stream",
+_PUBLIC = {"SharedStream": "enspipe.api.stream", "StreamConfig": "enspipe.engine.config",
            "validation_set": "enspipe.api.validation", "attach": "enspipe.api.attach",
            "ServerGone": "enspipe.serve.wire",
            "ConfigError": "enspipe.plan.errors", "DataError": "enspipe.data.manifest",

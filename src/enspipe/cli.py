@@ -16,7 +16,7 @@ from enspipe.commands.cells import CELL_COMMANDS, config_from_args
 from enspipe.commands.data import DATA_COMMANDS
 from enspipe.commands.serve import SERVE_COMMANDS
 from enspipe.common.tfimport import import_tensorflow
-from enspipe.plan.run_options import add_options
+from enspipe.run.run_options import add_options
 from enspipe.plan.options import counts, network_name, positive_int
 from enspipe.plan.errors import ConfigError
 
@@ -42,7 +42,7 @@ def _calibrate_rc(a: argparse.Namespace, fail: Fail) -> int:
     import importlib.util
 
     from enspipe.common.atomic import write_json_atomic
-    from enspipe.plan.stream import tensorflow_installed
+    from enspipe.engine.config import tensorflow_installed
 
     trainer = a.trainer if a.trainer != "auto" else ("keras" if tensorflow_installed() else "torch")
     if not (tensorflow_installed() if trainer == "keras" else importlib.util.find_spec("torch") is not None):
@@ -98,7 +98,7 @@ def _calibrate_comm(a: argparse.Namespace, fail: Fail) -> int:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from enspipe.plan.concerns import WIRE_DTYPES
+    from enspipe.run.concerns import WIRE_DTYPES
     from enspipe.plan.options import numbers
 
     p.add_argument("--n", type=positive_int, default=None, help="ensemble members (required unless --config)")
@@ -314,7 +314,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
 def _profile(a: argparse.Namespace, fail: Fail) -> int:
     import shlex
 
-    from enspipe.plan.stream import tensorflow_installed
+    from enspipe.engine.config import tensorflow_installed
     from enspipe.run.profile import measure
 
     if not tensorflow_installed():
@@ -357,7 +357,7 @@ def _idle_power(a: argparse.Namespace, fail: Fail) -> int:
     if a.seconds <= 0:
         fail("--seconds: must be > 0; pass how long to sample, e.g. 30")
     from enspipe.measure.node import measure_idle_power
-    from enspipe.plan.concerns import PowerOptions
+    from enspipe.run.concerns import PowerOptions
 
     try:
         PowerOptions(power=a.power, power_csv=a.power_csv, idle_watts=a.idle_watts, watts_per_core=a.watts_per_core)

@@ -11,7 +11,7 @@ from snakemake.utils import min_version, validate
 
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
-from enspipe.plan import grid  # noqa: E402
+from enspipe.run import grid  # noqa: E402
 from enspipe.plan.ensemble import ARMS, Ensemble  # noqa: E402
 from enspipe.plan.errors import ConfigError  # noqa: E402
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS  # noqa: E402

@@ -38,7 +38,7 @@ import traceback
 import numpy as np
 
 from enspipe.api.adapters import StreamAdapters
-from enspipe.plan.stream import StreamConfig
+from enspipe.engine.config import StreamConfig
 
 
 ABORT_GRACE_S = 2.0  # seconds between saying why a member aborts the job and aborting it

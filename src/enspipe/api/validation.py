@@ -26,10 +26,10 @@ def validation_set(data, preprocess="inception", image_size: int = 224, backend:
     """
     from enspipe.data.validation import load_validation
     from enspipe.plan.errors import unknown_keywords
-    from enspipe.plan.stream import StreamConfig
+    from enspipe.engine.config import StreamConfig
 
     unknown_keywords(unknown, ("preprocess", "image_size", "backend"), "validation_set", {"transform": "preprocess"})
 
     cfg = StreamConfig(data=data, batch_size=1, preprocess=preprocess, image_size=image_size, backend=backend)
     _, preprocessing = cfg.check()
-    return load_validation(str(data), preprocessing, image_size, cfg.backend)
+    return load_validation(str(data), preprocessing, image_size, cfg.backend_row.needs_tensorflow)

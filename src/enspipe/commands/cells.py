@@ -10,9 +10,9 @@ import os
 import sys
 
 from enspipe.commands.base import Command, Fail, say
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.run_options import add_options, from_options, raising_parser
+from enspipe.run.run_options import add_options, from_options, raising_parser
 
 
 # -- run: one cell ----------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 Example::
 
-    fused_colour_error(manifest, "tf", size=224)   # {'samples': 16, 'mean_abs_error': ..., ...}
+    fused_colour_error(manifest, tensorflow=True, size=224)   # {'samples': 16, 'mean_abs_error': ..., ...}
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def first_images(m, count: int) -> list[bytes]:
     return [e for e in item["encoded"] if len(e)]
 
 
-def _outputs(encoded: list[bytes], backend: str, size: int, fast_mode: bool, fused: bool) -> np.ndarray:
+def _outputs(encoded: list[bytes], tensorflow: bool, size: int, fast_mode: bool, fused: bool) -> np.ndarray:
     """inception's outputs in [-1, 1] of the images (seed 0, position i), exact or fused."""
-    if backend == "tf":
+    if tensorflow:
         import tensorflow as tf
 
         from enspipe.data.preprocessing import make_preprocess_fn
@@ -39,11 +39,11 @@ def _outputs(encoded: list[bytes], backend: str, size: int, fast_mode: bool, fus
                                 "float32") for i, e in enumerate(encoded)])
 
 
-def fused_colour_error(m, backend: str, size: int, fast_mode: bool = False, count: int = 16) -> dict:
+def fused_colour_error(m, tensorflow: bool, size: int, fast_mode: bool = False, count: int = 16) -> dict:
     """The fused colour's error against the exact path on the dataset's first ``count`` images, in
     the output's units (its range is [-1, 1]): mean, 99th percentile and largest absolute error."""
     encoded = first_images(m, count)
-    diff = np.abs(_outputs(encoded, backend, size, fast_mode, True) - _outputs(encoded, backend, size, fast_mode,
+    diff = np.abs(_outputs(encoded, tensorflow, size, fast_mode, True) - _outputs(encoded, tensorflow, size, fast_mode,
                                                                                  False))
     return {"what": WHAT, "samples": len(encoded), "range": [-1.0, 1.0], "mean_abs_error": float(diff.mean()),
             "p99_abs_error": float(np.percentile(diff, 99)), "max_abs_error": float(diff.max())}

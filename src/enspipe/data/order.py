@@ -97,14 +97,15 @@ class RecordReader:
         raise DataError(f"{self.paths[shard]}: corrupt TFRecord at record {record} ({why}); {spelling.skip_hint()}")
 
 
-def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int, backend: str = "tf") -> int:
-    """The record shuffle buffer really used. The pillow backend's shuffle is a full permutation
-    (the dataset). TensorFlow's: at most a quarter of the dataset. A shuffle buffer
+def effective_shuffle_buffer(m: Manifest, shuffle_buffer: int, permutation: bool = False) -> int:
+    """The record shuffle buffer really used. A reader that shuffles by a full ``permutation``
+    (:class:`NumpyOrder`: the pillow and gpu backends') has the dataset's. TensorFlow's: at most a
+    quarter of the dataset. A shuffle buffer
     fills before it emits, so one as large as the dataset reads every record of an epoch at the
     epoch's start; a measured window shorter than a few epochs then counts reading done for
     images outside it (or misses it). A quarter keeps reading at the stream's pace. JPEG folders
     shuffle file names, not records, and read only what is kept: their buffer is the dataset."""
-    if backend == "pillow" and shuffle_buffer:
+    if permutation and shuffle_buffer:
         return m.num_images
     if m.kind == "jpeg_folders" or not shuffle_buffer:
         return shuffle_buffer

@@ -307,7 +307,7 @@ PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {
     "standard-jitter": lambda image, size, seed, fast_mode=False: standard_train(image, size, seed, fast_mode, True)}
 EVAL_PREPROCESSING: dict[str, Callable[..., tf.Tensor]] = {"inception": inception_eval, "vgg": vgg_eval,
                                                            "standard": standard_eval, "standard-jitter": standard_eval}
-IMPLEMENTATIONS = ("crop-first", "reference", "fused-colour")  # enspipe.plan.stream.IMPLEMENTATIONS
+IMPLEMENTATIONS = ("crop-first", "reference", "fused-colour")  # enspipe.engine.config.IMPLEMENTATIONS
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:
     """Decode an image (JPEG, as Slim's ``image/format`` is; PNG, GIF or BMP too) to uint8 HxWx3; a

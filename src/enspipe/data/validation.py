@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def load_validation(root: str, preprocessing, size: int, backend: str = "tf") -> tuple[np.ndarray, np.ndarray]:
+def load_validation(root: str, preprocessing, size: int, tensorflow: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(images [M, ...], labels int32 [M])`` of the dataset at ``root`` (any format the stream
     reads). ``preprocessing``: a built-in's name (its evaluation transform: ``float32 [M, size,
     size, 3]``) or a :class:`~enspipe.data.preprocessing.UserPreprocess` (its function, seed
-    ``[0, position]``). ``backend``: ``tf`` or ``pillow`` (:mod:`enspipe.data.pixels`, built-ins)."""
-    if backend == "pillow":
+    ``[0, position]``). ``tensorflow``: in TensorFlow's ops (the tf backend's), else without them
+    (:mod:`enspipe.data.pixels`, the built-ins' and users' pipelines on arrays)."""
+    if not tensorflow:
         return _load_without_tensorflow(root, preprocessing, size)
     import tensorflow as tf
 

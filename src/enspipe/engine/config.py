@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from enspipe.engine.backends import AUTO as AUTO_BACKEND, BACKENDS, IMPLEMENTATIONS, resolve
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS
@@ -22,35 +23,6 @@ BUILTIN_PREPROCESSING = ("inception", "vgg", "standard", "standard-jitter")
 # process groups (gloo)
 TRANSPORTS = ("mpi4py", "horovod", "torch")
 WIRE_DTYPES = ("float32", "uint8")
-# the built-ins' implementations (enspipe.data.preprocessing.IMPLEMENTATIONS): crop-first (inception's crop
-# window decoded alone) and reference (Slim's functions as written), the same values; fused-colour (crop-first
-# with the colour distortion as one affine map in YIQ): an approximation
-IMPLEMENTATIONS = ("crop-first", "reference", "fused-colour")
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """What a preprocessing backend can do, for the checks made before any work (its engine is
-    the module of the same name in :mod:`enspipe.engine.backends`)."""
-
-    needs_tensorflow: bool
-    # what a user's preprocess function is given and runs in: "tensorflow" (fn(image, seed) of TensorFlow
-    # tensors, in tf.data's graph) or "arrays" (a torchvision/kornia pipeline or callable on decoded images,
-    # in worker processes, seeded per sample: enspipe.data.transforms), or "none"
-    user_functions: str
-    implementations: tuple       # the --preprocess-impl values it runs
-    horovod: bool                # Horovod's transport (its TensorFlow build) may carry its batches
-    tfdata_service: bool         # its preprocessing is the graph the tf.data service's workers run
-
-
-# tf.data and Slim's TensorFlow ops; Pillow, OpenCV and numpy (no TensorFlow); nvJPEG and torch ops on
-# the member's GPU. "auto" is tf where TensorFlow is installed, else pillow.
-BACKENDS = {"tf": BackendSpec(needs_tensorflow=True, user_functions="tensorflow", implementations=IMPLEMENTATIONS,
-                              horovod=True, tfdata_service=True),
-            "pillow": BackendSpec(needs_tensorflow=False, user_functions="arrays",
-                                  implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False),
-            "gpu": BackendSpec(needs_tensorflow=False, user_functions="none",
-                               implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False)}
 APPROXIMATIONS = ("fused-colour",)
 MALLOC_POLICIES = ("keep", "system")
 LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service), AUTO)
@@ -136,9 +108,10 @@ class StreamConfig:
             object.__setattr__(self, "decode_cache", parse_size(self.decode_cache))
         except ValueError as e:
             raise ConfigError("decode_cache", str(e), "pass decode_cache='8GB' or another size, or 0 (off)") from None
-        if self.backend == "gpu":
+        if self.backend_row.on_gpu:
             self._check_gpu_backend()
-        require(not (self.decode_cache and callable(self.preprocess) and self.backend == "pillow"), "decode_cache",
+        require(not (self.decode_cache and callable(self.preprocess) and self.backend_row.runs_user_arrays),
+                "decode_cache",
                 "a preprocess function on the pillow backend gets each image decoded in its worker, not from the cache",
                 "leave decode_cache out with your own preprocess function")
         require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
@@ -187,14 +160,14 @@ class StreamConfig:
 
     def _check_backend(self) -> None:
         """Resolve ``auto`` and check that the backend can run here with these options."""
-        require(self.backend in ("auto", *BACKENDS), "backend", f"unknown backend {self.backend!r}",
-                f"choose one of auto, {', '.join(BACKENDS)}")
+        require(self.backend in (AUTO_BACKEND, *BACKENDS), "backend", f"unknown backend {self.backend!r}",
+                f"choose one of {AUTO_BACKEND}, {', '.join(BACKENDS)}")
         has_tf = tensorflow_installed()
-        if self.backend == "auto":  # (a torch module, torchvision's or kornia's pipeline, runs on decoded arrays)
+        if self.backend == AUTO_BACKEND:  # (a torch module, torchvision's or kornia's pipeline, runs on decoded arrays)
             from enspipe.data.transforms import is_torch_pipeline
 
-            object.__setattr__(self, "backend", "tf" if has_tf and not is_torch_pipeline(self.preprocess) else "pillow")
-        spec = BACKENDS[self.backend]
+            object.__setattr__(self, "backend", resolve(AUTO_BACKEND, has_tf, is_torch_pipeline(self.preprocess)).name)
+        spec = self.backend_row
         require(not spec.needs_tensorflow or has_tf, "backend", "TensorFlow is not installed here",
                 "pip install tensorflow-cpu, or pass backend='pillow' (no TensorFlow)")
         require(self.preprocess_impl in IMPLEMENTATIONS, "preprocess_impl", f"unknown preprocessing implementation "
@@ -236,6 +209,11 @@ class StreamConfig:
                     f"{torch.cuda.device_count()} GPUs", "pass 'cuda' (the member's own, by its rank on the node)")
 
     @property
+    def backend_row(self):
+        """The backend's row of :data:`enspipe.engine.backends.BACKENDS` (``auto`` resolved)."""
+        return BACKENDS[self.backend]
+
+    @property
     def user_preprocess(self) -> bool:
         return callable(self.preprocess)
 
@@ -258,7 +236,7 @@ class StreamConfig:
             return manifest, self.preprocess
         from enspipe.data.transforms import PreprocessError
 
-        if BACKENDS[self.backend].user_functions == "arrays":
+        if self.backend_row.runs_user_arrays:
             from enspipe.data.transforms import probe as probe_preprocess
         else:
             from enspipe.data.probe import probe_preprocess

@@ -43,7 +43,7 @@ from enspipe.measure.threadcpu import set_thread_name
 from enspipe.common import keys
 from enspipe.engine.backends import backend as backend_module
 from enspipe.engine.backends.base import PrepSpec, Stopped
-from enspipe.plan.stream import BACKENDS
+from enspipe.engine.backends import BACKENDS
 
 if TYPE_CHECKING:
     from enspipe.data.preprocessing import UserPreprocess
@@ -336,7 +336,7 @@ class Pipeline:
 def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, threads: int, events,
                    steps: int | None = None, reduce_groups: tuple = (), device=None):
     """One member's transport and staged pipeline for one of enspipe's schemes (not the tf.data
-    service's): ``stream`` is its :class:`~enspipe.plan.stream.StreamConfig`, ``preprocessing`` a
+    service's): ``stream`` is its :class:`~enspipe.engine.config.StreamConfig`, ``preprocessing`` a
     built-in's name or a :class:`~enspipe.data.preprocessing.UserPreprocess`, ``threads`` the size
     of its preprocessing pool; ``steps`` (a measured window's length) cuts the unit to divide it;
     ``reduce_groups``: data-parallel members' ranks, whose gradients the Horovod transport also sums;

@@ -35,7 +35,7 @@ import os
 import numpy as np
 
 from enspipe.common.atomic import atomic_open
-from enspipe.plan.grid import Cell
+from enspipe.run.grid import Cell
 
 ROW_COLUMNS = (  # one cell's own summary (cell_row)
     "cell", "network", "scheme", "n", "p", "cores", "consumer", "rep",
@@ -76,7 +76,9 @@ BASELINE_KEY = ["network", "consumer", "n", "cores", "batch_size", "image_size"]
 def preprocessing_path(s: dict) -> str:
     """Which path preprocessed a cell's images, in words: backend, implementation, decode cache."""
     impl = s.get("preprocess_impl", "reference")
-    path = impl if impl.startswith(("pillow", "user")) else f"{s.get('backend', 'tf')} {impl}"
+    backend = s.get("backend", "tf")  # (a summary from before backends were recorded: tf's)
+    # a backend of one implementation labels it by its own name (enspipe.engine.backends.Backend.label)
+    path = impl if impl == "user" or impl.split()[0] == backend else f"{backend} {impl}"
     approx = s.get("approximation")
     if approx:
         path += f" (APPROXIMATION: mean abs error {approx['mean_abs_error']:.3f} of [-1, 1])"

@@ -56,7 +56,7 @@ def read_spec(path: str) -> tuple[int, list[CellSpec]]:
     if not isinstance(spec, dict) or set(spec) != SPEC_KEYS or not isinstance(spec["cells"], list) \
             or not spec["cells"] or not isinstance(spec["n"], int) or spec["n"] < 1:
         raise ConfigError("spec", f"{path}: wants {{\"n\": ranks, \"cells\": [{{\"name\", \"args\"}}, ...]}} with "
-                          "at least one cell", "write it as the workflow does (enspipe.plan.grid.job_spec)")
+                          "at least one cell", "write it as the workflow does (enspipe.run.grid.job_spec)")
     cells = []
     for i, c in enumerate(spec["cells"]):
         if not isinstance(c, dict) or set(c) != {"name", "args"} or not all(isinstance(a, str) for a in c["args"]) \

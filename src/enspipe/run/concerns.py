@@ -2,7 +2,7 @@
 the preprocessing, the training, the gradient exchange, the members' lives, the measurement, the
 energy, the faults, the tf.data service peer), each validating its own values when it is made.
 :data:`CONCERNS` is their registry, in the order ``enspipe run -h`` shows them;
-:class:`enspipe.plan.config.RunConfig` composes them and checks them against one another.
+:class:`enspipe.run.config.RunConfig` composes them and checks them against one another.
 
 Example::
 
@@ -20,8 +20,8 @@ from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, counts, na
                                   rank_factor, size_bytes)
 from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
-from enspipe.plan.stream import (BACKENDS, BUILTIN_PREPROCESSING, IMPLEMENTATIONS, MALLOC_POLICIES, TRANSPORTS,
-                                 WIRE_DTYPES)
+from enspipe.engine.backends import AUTO as AUTO_BACKEND, BACKENDS, IMPLEMENTATIONS
+from enspipe.engine.config import BUILTIN_PREPROCESSING, MALLOC_POLICIES, TRANSPORTS, WIRE_DTYPES
 
 CONSUMERS = ("train", "emulated", "peak")
 TRAINERS = ("auto", "keras", "torch")
@@ -93,7 +93,7 @@ class PreprocessOptions:
 
     backend: str = option("auto", "preprocessing backend: tf (tf.data and Slim's TensorFlow ops) or pillow (Pillow "
                           "and numpy, no TensorFlow); auto: tf where TensorFlow is installed",
-                          choices=("auto", *BACKENDS))
+                          choices=(AUTO_BACKEND, *BACKENDS))
     preprocess: str = option("network", "the training preprocessing: network (the network's own, Slim's inception "
                              "or vgg, as in the paper), inception, vgg, standard (torchvision's RandomResizedCrop, "
                              "flip and Normalize) or standard-jitter (standard with ColorJitter(0.4, 0.4, 0.4))",

@@ -1,11 +1,11 @@
 """The per-cell run configuration: :class:`RunConfig` composes the concerns' small frozen configs
-(:mod:`enspipe.plan.concerns`, each validating its own values when it is made) and checks them
+(:mod:`enspipe.run.concerns`, each validating its own values when it is made) and checks them
 against one another; :meth:`RunConfig.check` then looks at the files and the machine, one explicit
 step before MPI starts. A bad value fails before any MPI or TensorFlow work, with a
 :class:`ConfigError` that names the field (as its command-line option) and the fix.
 
 Every option field is declared once, with its default, help and parser
-(:func:`enspipe.plan.options.option`); :mod:`enspipe.plan.run_options` builds ``enspipe run``'s
+(:func:`enspipe.plan.options.option`); :mod:`enspipe.run.run_options` builds ``enspipe run``'s
 command line from them, one group per concern.
 """
 from __future__ import annotations
@@ -15,13 +15,14 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from enspipe.plan.concerns import (CONCERNS, FaultOptions, GradientOptions, MeasureOptions, MemberLives,
+from enspipe.run.concerns import (CONCERNS, FaultOptions, GradientOptions, MeasureOptions, MemberLives,
                                    PowerOptions, PreprocessOptions, ServiceOptions, StreamOptions, TrainingOptions,
                                    service_scheme)
 from enspipe.plan.errors import ConfigError, require as _require
 from enspipe.plan.options import network_problem, option, positive_int, unwritable
 from enspipe.plan.schemes import AUTO
-from enspipe.plan.stream import BACKENDS, decode_cache_problem, tensorflow_installed
+from enspipe.engine.backends import BACKENDS, resolve
+from enspipe.engine.config import decode_cache_problem, tensorflow_installed
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ class RunConfig:
         _require(spec.tfdata_service or not service_scheme(self.stream.scheme), "backend", "the tf.data service runs "
                  "TensorFlow's preprocessing graph in its workers", "leave --backend out (tf) for --scheme "
                  "tfdata_service")
-        if self.backend == "gpu":  # CUDA, torchvision and the preprocessing, as the library checks them
+        if spec.on_gpu:  # CUDA, torchvision and the preprocessing, as the library checks them
             self.stream_config()
         if self.stream.transport in ("horovod", "torch"):
             import importlib.util
@@ -303,9 +304,7 @@ class RunConfig:
     @property
     def backend(self) -> str:
         """The preprocessing backend the cell runs (``auto`` resolved here)."""
-        if self.preprocess.backend != "auto":
-            return self.preprocess.backend
-        return "tf" if tensorflow_installed() else "pillow"
+        return resolve(self.preprocess.backend, tensorflow_installed()).name
 
     @property
     def preprocessing(self) -> str:
@@ -327,7 +326,7 @@ class RunConfig:
     @property
     def needs_tensorflow(self) -> bool:
         """Whether a rank of this cell runs TensorFlow (its backend, Keras training, the service, Horovod)."""
-        return (self.backend == "tf" or self.trainer == "keras" or service_scheme(self.stream.scheme)
+        return (BACKENDS[self.backend].needs_tensorflow or self.trainer == "keras" or service_scheme(self.stream.scheme)
                 or self.stream.transport == "horovod")
 
     @property
@@ -339,7 +338,7 @@ class RunConfig:
 
     def stream_config(self):
         """The stream part of this cell's options, as the library takes them (:class:`StreamConfig`)."""
-        from enspipe.plan.stream import StreamConfig
+        from enspipe.engine.config import StreamConfig
 
         s, p = self.stream, self.preprocess
         return StreamConfig(data=self.data, batch_size=self.global_batch, scheme=s.scheme,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 
 
 @dataclass

@@ -309,7 +309,7 @@ def job_rank(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_image
     before_mpi()
     from mpi4py import MPI
 
-    from enspipe.plan.run_options import parse_run_args
+    from enspipe.run.run_options import parse_run_args
     from enspipe.run.member import run_on
 
     world, run_args = MPI.COMM_WORLD, run_args or []

@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
-from enspipe.plan.run_options import default
+from enspipe.run.run_options import default
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
 
 CELL_NAME = "{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}"  # a cell's relative directory

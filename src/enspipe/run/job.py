@@ -8,8 +8,9 @@ import sys
 import time
 
 from enspipe.common import keys, phases
+from enspipe.engine.backends import BACKENDS
 from enspipe.data.manifest import accounting_note
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 from enspipe.plan.schemes import make_scheme, node_groups
 from enspipe.run.context import Job, Life
 from enspipe.run.monitors import slurm_counter, start_node_monitor
@@ -190,7 +191,7 @@ def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) 
         from enspipe.data.validation import load_validation
 
         validation = load_validation(cfg.lives.validation_data, preprocessing, cfg.stream.image_size,
-                                     cfg.backend)
+                                     BACKENDS[cfg.backend].needs_tensorflow)
     writer = cfg.lives.checkpoint_dir is not None and rank == cfg.member_ranks(comm.Get_size())[m][0]
     return Life(cfg.lives.checkpoint_dir if writer else None, state, validation, cfg.patience_for(m),
                 cfg.lives.min_delta, epoch_images)

@@ -22,7 +22,7 @@ import traceback
 
 from enspipe.common import phases
 from enspipe.plan.errors import ConfigError
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 from enspipe.plan.options import plain_name
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
 from enspipe.run.job import fail, setup

@@ -2,7 +2,7 @@
 Slurm's energy counter for the job step (rank 0)."""
 from __future__ import annotations
 
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 
 
 def start_node_monitor(cfg: RunConfig, host: str):

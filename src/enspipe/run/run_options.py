@@ -1,4 +1,4 @@
-"""``enspipe run``'s command line, built from :class:`enspipe.plan.config.RunConfig`'s option
+"""``enspipe run``'s command line, built from :class:`enspipe.run.config.RunConfig`'s option
 fields: one argument group per concern, and the checked config of a parsed command line.
 
 Example::
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from enspipe.plan.concerns import CONCERNS
-from enspipe.plan.config import RunConfig
+from enspipe.run.concerns import CONCERNS
+from enspipe.run.config import RunConfig
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.options import choices_of
 

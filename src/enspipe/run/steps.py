@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from enspipe.common import keys
 from enspipe.measure import threadcpu
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 
 if TYPE_CHECKING:
     from enspipe.run.context import Life

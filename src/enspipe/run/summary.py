@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from enspipe.common import keys, phases
-from enspipe.plan.config import RunConfig
-from enspipe.plan.grid import Cell
+from enspipe.run.config import RunConfig
+from enspipe.run.grid import Cell
 from enspipe.plan.schemes import AUTO
-from enspipe.plan.stream import BUILTIN_PREPROCESSING
+from enspipe.engine.backends import BACKENDS
+from enspipe.engine.config import BUILTIN_PREPROCESSING
 from enspipe.engine.decode_cache import cache_summary
 
 if TYPE_CHECKING:
@@ -189,7 +190,8 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
         **_preprocessing(cfg, job.preprocessing, reports, manifest), "seed": cfg.stream.seed,
         "dataset": {"path": os.path.abspath(cfg.data), "num_images": manifest.num_images,
                     "digest": manifest.digest, "synthetic": manifest.synthetic,
-                    "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer, cfg.backend),
+                    "shuffle_buffer": effective_shuffle_buffer(manifest, cfg.stream.shuffle_buffer,
+                                                               BACKENDS[cfg.backend].permutes),
                     "accounting": manifest.accounting},
         "images_per_second_per_member": float(np.mean([r["images_per_second"] for r in reports])),
         "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in reports)),
@@ -229,10 +231,7 @@ def _impl(cfg: RunConfig, preprocessing: str) -> str:
     (inception's; vgg has one), the pillow backend's (or its fused-colour), or a user's function."""
     if preprocessing not in BUILTIN_PREPROCESSING:
         return "user"
-    impl = cfg.preprocess.preprocess_impl
-    if cfg.backend == "tf":
-        return impl
-    return "pillow fused-colour" if impl == "fused-colour" else "pillow"
+    return BACKENDS[cfg.backend].label(cfg.preprocess.preprocess_impl)
 
 
 def _approximation(cfg: RunConfig, preprocessing: str, manifest) -> dict | None:
@@ -242,7 +241,8 @@ def _approximation(cfg: RunConfig, preprocessing: str, manifest) -> dict | None:
         return None
     from enspipe.data.approximation import fused_colour_error
 
-    return fused_colour_error(manifest, cfg.backend, cfg.stream.image_size, cfg.preprocess.fast_mode)
+    return fused_colour_error(manifest, BACKENDS[cfg.backend].needs_tensorflow, cfg.stream.image_size,
+                              cfg.preprocess.fast_mode)
 
 
 def short_epochs(reports: list[dict], num_images: int) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from enspipe.common import keys
-from enspipe.plan.config import RunConfig
+from enspipe.run.config import RunConfig
 from enspipe.run.monitors import read_slurm
 from enspipe.run.steps import Look, Member
 

@@ -13,7 +13,7 @@ def load_dataset(data: str):
     """The dataset's manifest, checked as :class:`~enspipe.StreamConfig` checks it, and indexed
     (the server reads records by their number)."""
     from enspipe.data.records import indexed
-    from enspipe.plan.stream import checked_manifest
+    from enspipe.engine.config import checked_manifest
 
     if not os.path.isdir(data):
         raise ConfigError("data", f"{data}: no such directory", "pass a dataset directory")
@@ -46,7 +46,7 @@ def prepare(opts: ServeOptions, say):
         opts.load_transform(m)
     problem = opts.slots_problem()
     require(problem is None, "memory", f"{problem}", "pass a larger --memory, or a smaller --batch-size")
-    if opts.backend == "gpu":
+    if opts.row.on_gpu:
         _check_gpu(opts)
     free = shm_free_bytes()
     in_shm = opts.slots * 16 if opts.on_gpu else opts.pool_bytes  # a GPU pool's rows alone are in /dev/shm
@@ -61,7 +61,7 @@ def _check_gpu(opts: ServeOptions) -> None:
     pool; on ``--device cpu``, its torch ops can."""
     import importlib.util
 
-    from enspipe.plan.stream import check_gpu_backend
+    from enspipe.engine.config import check_gpu_backend
 
     fix = "pass --backend pillow (the CPU)"
     if not opts.on_gpu:

@@ -31,8 +31,6 @@ from enspipe.serve.schedule import Scheduler
 from enspipe.serve.status import Status
 
 HELLO_TIMEOUT_S = 10.0
-CHUNK = 4  # samples per preprocessing task (the pillow backend's)
-MAKERS = {"pillow": SampleMaker, "gpu": TensorSampleMaker}  # by ServeOptions.backend
 
 
 def status_path(sock: str) -> str:
@@ -50,23 +48,24 @@ class Server:
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
         shape, dtype = output_spec(opts.preprocessing, opts.image_size, opts.wire_dtype)
         self.source = SampleSource(manifest)
-        self.maker = MAKERS[opts.backend](self.source, opts)  # pillow: each thread below runs a worker process
+        # on the CPU, each thread below runs a worker process; on a GPU, the backend's engine makes tensors
+        self.maker = (TensorSampleMaker if opts.row.on_gpu else SampleMaker)(self.source, opts)
         device = self.maker.device if opts.on_gpu else None
         self.pool = Pool.create(opts.slots, shape, dtype, mode=opts.file_mode, gid=opts.gid, say=say, device=device)
         self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)  # the lock; notified where every waiter should look
         self.wakers: dict[int, threading.Condition] = {}  # a consumer's own, on the same lock
-        # the gpu backend decodes a batch's chunk in one call, two chunks in flight; the pillow one a few samples
-        # per task on every core
-        self.chunk = CHUNK if opts.backend == "pillow" else opts.batch_size
-        threads = opts.workers or (len(os.sched_getaffinity(0)) if opts.backend == "pillow" else 2)
+        # the samples per task and the threads, as the backend's row has them: on the GPU a batch's chunk in one
+        # call, two in flight; on the CPU a few samples per task on every core
+        self.chunk = opts.row.serve_chunk or opts.batch_size
+        threads = opts.workers or opts.row.serve_threads or len(os.sched_getaffinity(0))
         self.workers = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-serve")
         self.positions = itertools.count()
         self.ids = itertools.count()
         self.stopping = threading.Event()
         self.status = Status(self.sched, opts, self.pool.bytes)
-        if opts.backend == "gpu":
+        if opts.row.on_gpu:
             self.status.decodes = lambda: self.maker.decodes
             self.status.pool_device = str(device) if device is not None else "host"
         self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from enspipe.common.plugins import FUNCTION_NAME
+from enspipe.engine.backends import BACKENDS, SERVED
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
-from enspipe.plan.stream import BUILTIN_PREPROCESSING
+from enspipe.engine.config import BUILTIN_PREPROCESSING
 
 PREPROCESSING = BUILTIN_PREPROCESSING  # the built-ins, the pillow backend's
 WIRE_DTYPES = ("float32", "uint8")
-SERVE_BACKENDS = ("pillow", "gpu")  # who makes the samples: worker processes on the CPU, or the gpu backend
 HEADER = struct.Struct("!I")
 MAX_MESSAGE = 1 << 20  # the largest message (a batch's slot list) is a few kB
 # the hello fields a consumer may state; where stated they must be the server's
@@ -108,7 +108,7 @@ class ServeOptions:
     status_interval: float = 2.0
     max_consumers: int = 64
     group: str | int | None = None
-    backend: str = "pillow"
+    backend: str = SERVED[0]
     device: str | None = None
 
     def __post_init__(self) -> None:
@@ -129,14 +129,18 @@ class ServeOptions:
                 f"unknown preprocessing {self.preprocess!r}", f"choose one of {', '.join(PREPROCESSING)}, or name "
                 "your own augmentation package.module:function (see enspipe.data.transforms)")
         object.__setattr__(self, "_transform", None)
-        require(self.backend in SERVE_BACKENDS, "backend", f"unknown backend {self.backend!r}",
-                f"choose one of {', '.join(SERVE_BACKENDS)}")
-        require(self.backend == "pillow" or not self.own_preprocess, "preprocess", "the gpu backend runs its own "
-                f"preprocessings on the GPU, not {self.preprocess}", "pass a built-in --preprocess, or --backend "
-                "pillow for your augmentation")
-        require(self.device is None or (self.backend == "gpu" and bool(re.fullmatch(r"cpu|cuda(:\d+)?",
-                str(self.device)))), "device", f"{self.device!r} is not a device the gpu backend serves from",
-                "pass --backend gpu with --device cuda, cuda:K or cpu, or leave --device out")
+        require(self.backend in SERVED, "backend", f"unknown backend {self.backend!r}",
+                f"choose one of {', '.join(SERVED)}")
+        arrays = next(name for name in SERVED if BACKENDS[name].runs_user_arrays)
+        gpu = next(name for name in SERVED if BACKENDS[name].on_gpu)
+        require(self.row.runs_user_arrays or not self.own_preprocess, "preprocess", f"the {self.backend} backend runs "
+                f"its own preprocessings, not {self.preprocess}", f"pass a built-in --preprocess, or --backend {arrays} "
+                "for your augmentation")
+        fix = f"pass --backend {gpu} with --device cuda, cuda:K or cpu, or leave --device out"
+        require(self.device is None or self.row.on_gpu, "device", f"the {self.backend} backend makes its samples on "
+                f"the CPU into host memory, not on {self.device!r}", fix)
+        require(self.device is None or bool(re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device))), "device",
+                f"{self.device!r} is not a device the {self.backend} backend serves from", fix)
         require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
                 f"choose one of {', '.join(WIRE_DTYPES)}")
         require(self.status_interval > 0, "status_interval", f"must be > 0, got {self.status_interval!r}",
@@ -147,6 +151,11 @@ class ServeOptions:
                 "pass a shorter --socket path")
         if self.group is not None:
             _check_group(self.group)
+
+    @property
+    def row(self):
+        """The backend's row of :data:`enspipe.engine.backends.BACKENDS`."""
+        return BACKENDS[self.backend]
 
     @property
     def gid(self) -> int | None:
@@ -191,7 +200,7 @@ class ServeOptions:
     @property
     def on_gpu(self) -> bool:
         """Whether the samples are made, and the pool held, on a GPU."""
-        return self.backend == "gpu" and self.device != "cpu"
+        return self.row.on_gpu and self.device != "cpu"
 
     @property
     def sample_bytes(self) -> int:

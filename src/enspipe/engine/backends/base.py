@@ -2,7 +2,7 @@
 stages' stop signal, and the engine protocol.
 
 A backend module (one per backend, registered in :mod:`enspipe.engine.backends`; what it can do
-is its :class:`~enspipe.plan.stream.BackendSpec`, checked before any work) provides:
+is its :class:`~enspipe.engine.config.BackendSpec`, checked before any work) provides:
 
 * ``slices(spec)``: this member's share of each unit of global batches, read and parsed (numpy
   dicts of ``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``; nothing decoded);
