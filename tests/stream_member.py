@@ -128,6 +128,9 @@ def _kept_rows(stream, steps: int, pause: float = 0) -> dict:
             "scheme": stream.scheme.name, "planned": stream.planned}
 
 
+MEMBER_OPTIONS = ("comm", "peer_timeout", "malloc", "threads", "log_dir", "members_per_rank", "drop_last")
+
+
 def case(case_mode: str, out: str, options: dict) -> None:
     """One stream of ``options`` read as ``case_mode`` asks; this member's json in ``out``."""
     options = dict(options)
@@ -145,7 +148,12 @@ def case(case_mode: str, out: str, options: dict) -> None:
     # options for one member alone (by its launcher's rank): members that disagree
     rank = os.environ.get("RANK", os.environ.get("PMI_RANK", "0"))
     options.update(options.pop("rank_options", {}).get(rank, {}))
-    with enspipe.SharedStream(data, batch, **options) as stream:
+    if options.pop("as_config", False):  # SharedStream(StreamConfig(...)), the member's own options beside it
+        member = {k: options.pop(k) for k in MEMBER_OPTIONS if k in options}
+        opened = enspipe.SharedStream(enspipe.StreamConfig(data=data, batch_size=batch, **options), **member)
+    else:
+        opened = enspipe.SharedStream(data, batch, **options)
+    with opened as stream:
         if case_mode == "raise":
             for i, _ in enumerate(stream):
                 if i == 2:

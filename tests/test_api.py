@@ -120,6 +120,9 @@ def two_members(request, dataset, tmp_path_factory) -> dict:
     sums = {f"sums-{c['scheme']}-{c['p']}": ("checksums", dict(data=dataset, batch_size=10, image_size=32,
                                                                scheme=c["scheme"], preprocessors=c["p"],
                                                                steps=CHECKSUM_STEPS)) for c in delivered}
+    if delivered:  # the first also as SharedStream(StreamConfig(...)): the same stream
+        first = next(iter(sums.values()))
+        sums["sums-config"] = (first[0], {**first[1], "as_config": True})
     out = tmp_path_factory.mktemp("two_members")
     r, res = member_cases(2, out, kept | sums)
     res["job"] = r
@@ -162,6 +165,9 @@ def test_the_library_delivers_the_batches_enspipe_run_does(two_members, scheme, 
     assert os.path.exists(os.path.join(out, "summary.json")), cell_said(out)
     for rank in range(2):
         assert [x["first"] for x in res[rank]["rows"]] == step_values(out, rank, "batch_checksum")[:CHECKSUM_STEPS]
+    first = next(k for k in two_members if k.startswith("sums-") and k != "sums-config")
+    if first == f"sums-{scheme}-{p}":
+        assert [m["rows"] for m in two_members["sums-config"]] == [m["rows"] for m in res]
 
 
 @pytest.mark.mpi

@@ -39,6 +39,7 @@ import numpy as np
 
 from enspipe.api.adapters import StreamAdapters
 from enspipe.engine.config import StreamConfig
+from enspipe.exchange.transports import TRANSPORTS, WITHOUT_MPI
 
 
 ABORT_GRACE_S = 2.0  # seconds between saying why a member aborts the job and aborting it
@@ -52,7 +53,9 @@ class SharedStream(StreamAdapters):
     """One member's view of the ensemble's shared stream of preprocessed batches.
 
     ``SharedStream(data, batch_size, **options)``: ``options`` are :class:`StreamConfig`'s
-    fields (``scheme``, ``preprocessors``, ``preprocess``, ``image_size``, ``seed``, ...), plus:
+    fields (``scheme``, ``preprocessors``, ``preprocess``, ``image_size``, ``seed``, ...); or
+    ``SharedStream(config)`` with a :class:`StreamConfig` made beforehand. Either takes the member's
+    own options:
 
     * ``comm``: the MPI communicator whose ranks are the members (default ``MPI.COMM_WORLD``; under
       ``torchrun``, every process torchrun started, over torch.distributed, with ``transport="torch"``);
@@ -84,16 +87,25 @@ class SharedStream(StreamAdapters):
     to host memory.
     """
 
-    def __init__(self, data, batch_size: int, *, comm=None, peer_timeout: float = 30.0, malloc: str = "keep",
-                 threads: int | None = None, log_dir: str | None = None, members_per_rank: int = 1,
-                 drop_last: bool = False, **options):
+    def __init__(self, data, batch_size: int | None = None, *, comm=None, peer_timeout: float = 30.0,
+                 malloc: str = "keep", threads: int | None = None, log_dir: str | None = None,
+                 members_per_rank: int = 1, drop_last: bool = False, **options):
         from enspipe.exchange.torchcomm import torch_launched
 
-        _check_keywords(options)
         by_torch = comm is None and torch_launched()
-        if by_torch:
-            options.setdefault("transport", "torch")
-        self.config = StreamConfig(data=data, batch_size=batch_size, **options)
+        if isinstance(data, StreamConfig):  # the stream's options made and validated beforehand
+            from enspipe.plan.errors import require
+
+            require(batch_size is None and not options, "batch_size" if batch_size is not None else
+                    sorted(options)[0] if options else "data", "a StreamConfig holds every option of the stream",
+                    "pass SharedStream(config) with the member's own options (comm, threads, peer_timeout, ...), or "
+                    "the dataset and keywords without a StreamConfig")
+            self.config = data
+        else:
+            _check_keywords(options)
+            if by_torch:
+                options.setdefault("transport", WITHOUT_MPI)
+            self.config = StreamConfig(data=data, batch_size=batch_size, **options)
         _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last)
         self.drop_last = drop_last
         if by_torch:
@@ -105,7 +117,7 @@ class SharedStream(StreamAdapters):
         comm = (_torch_world() if by_torch else _world()) if comm is None else comm
         self._MPI = _module_of(comm)
         if self.config.scheme != AUTO:  # no collective: every rank reaches the same verdict
-            make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, batch_size)
+            make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, self.config.batch_size)
         self._comm, self._closed, self._log_dir = comm, False, log_dir
         _say_left_out(self.manifest, comm)
         self._start(peer_timeout, malloc, threads, log_dir)
@@ -392,8 +404,9 @@ def _check_torch_launch(cfg: StreamConfig) -> None:
     """A member that torchrun launched has no MPI world: the torch transport, no MPI-only option."""
     from enspipe.plan.errors import require
 
-    require(cfg.transport == "torch", "transport", f"torchrun launched this member, so there is no MPI world for "
-            f"the {cfg.transport} transport", "leave transport out (torch), or launch with mpiexec or srun")
+    require(not TRANSPORTS[cfg.transport].mpi_world, "transport", f"torchrun launched this member, so there is no "
+            f"MPI world for the {cfg.transport} transport", f"leave transport out ({WITHOUT_MPI}), or launch with "
+            "mpiexec or srun")
     require(not cfg.decode_cache, "decode_cache", "the decode cache is MPI's node-shared windows, and torchrun "
             "launched this member", "leave decode_cache out, or launch with mpiexec or srun")
 

@@ -7,7 +7,7 @@ import json
 import os
 
 from enspipe.commands.base import Command, Fail, say
-from enspipe.engine.backends import SERVED
+from enspipe.engine.backends import served
 from enspipe.plan.options import positive_int
 
 
@@ -35,7 +35,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    "must also hold batch_size x (2 + ahead) samples for each)")
     p.add_argument("--group", help="let this group's members attach (socket 0660, pool and status 0640 of that "
                    "group); default: the server's user alone (0600, whatever the umask)")
-    p.add_argument("--backend", default=SERVED[0], choices=SERVED, help="pillow: worker processes on the "
+    p.add_argument("--backend", default=served()[0], choices=served(), help="pillow: worker processes on the "
                    "CPU, the pool in /dev/shm; gpu: nvJPEG and torch ops on the GPU, the pool's images in its memory, "
                    "mapped by each consumer through CUDA IPC (a built-in --preprocess; --memory is GPU memory)")
     p.add_argument("--device", help="with --backend gpu: the GPU, cuda or cuda:K (default: this rank's on its node); "

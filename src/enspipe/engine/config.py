@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from enspipe.engine.backends import AUTO as AUTO_BACKEND, BACKENDS, IMPLEMENTATIONS, resolve
+from enspipe.exchange.transports import DEFAULT as DEFAULT_TRANSPORT, TRANSPORTS, installed_problem
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS
 
 # enspipe.data.preprocessing.PREPROCESSING's names, and enspipe.data.pixels.PREPROCESSING's
 BUILTIN_PREPROCESSING = ("inception", "vgg", "standard", "standard-jitter")
-# the members' collectives: MPI communicators (mpi4py), Horovod's process sets, torch.distributed's
-# process groups (gloo)
-TRANSPORTS = ("mpi4py", "horovod", "torch")
 WIRE_DTYPES = ("float32", "uint8")
 APPROXIMATIONS = ("fused-colour",)
 MALLOC_POLICIES = ("keep", "system")
@@ -87,7 +85,7 @@ class StreamConfig:
     queue_depth: int = 4
     block_images: int = 32
     node_shm: bool = True
-    transport: str = "mpi4py"
+    transport: str = DEFAULT_TRANSPORT
     wire_dtype: str = "float32"
     fast_mode: bool = False
     skip_corrupt: bool = False
@@ -110,6 +108,10 @@ class StreamConfig:
             raise ConfigError("decode_cache", str(e), "pass decode_cache='8GB' or another size, or 0 (off)") from None
         if self.backend_row.on_gpu:
             self._check_gpu_backend()
+        arrays = resolve(AUTO_BACKEND, False).name
+        require(self.backend_row.user_functions != "none" or not callable(self.preprocess), "preprocess",
+                f"the {self.backend} backend runs its own preprocessings, not a function", f"pass a built-in's name, "
+                f"or backend='{arrays}' for your function")
         require(not (self.decode_cache and callable(self.preprocess) and self.backend_row.runs_user_arrays),
                 "decode_cache",
                 "a preprocess function on the pillow backend gets each image decoded in its worker, not from the cache",
@@ -130,10 +132,12 @@ class StreamConfig:
                 f"choose one of {', '.join(TRANSPORTS)}")
         require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
                 f"choose one of {', '.join(WIRE_DTYPES)}")
-        require(self.transport != "horovod" or self.node_shm, "node_shm", "the horovod transport has no "
-                "node-shared memory path to turn off", "leave node_shm on, or use transport='mpi4py' or 'torch'")
-        require(self.transport != "torch" or importlib.util.find_spec("torch") is not None, "transport",
-                "torch is not installed here", "pip install torch, or use transport='mpi4py'")
+        kind = TRANSPORTS[self.transport]
+        others = " or ".join(repr(name) for name, t in TRANSPORTS.items() if t.node_shm_optional)
+        require(kind.node_shm_optional or self.node_shm, "node_shm", f"the {self.transport} transport has no "
+                "node-shared memory path to turn off", f"leave node_shm on, or use transport={others}")
+        problem = installed_problem(self.transport)
+        require(problem is None, "transport", f"{problem}", f"{kind.install}, or use transport='{DEFAULT_TRANSPORT}'")
         require(isinstance(self.sample_interval, (int, float)) and math.isfinite(self.sample_interval)
                 and self.sample_interval > 0, "sample_interval", f"must be a positive number, got "
                 f"{self.sample_interval!r}", "pass e.g. 0.1")
@@ -179,8 +183,9 @@ class StreamConfig:
         require(self.preprocess_impl not in APPROXIMATIONS or not callable(self.preprocess), "preprocess_impl",
                 f"{self.preprocess_impl} approximates a built-in's colour distortion; a preprocess function has its "
                 "own", "leave preprocess_impl at crop-first with a preprocess function")
-        require(spec.horovod or self.transport != "horovod", "transport", "Horovod's transport is its TensorFlow "
-                "build", f"use transport='mpi4py' with the {self.backend} backend")
+        kind = TRANSPORTS.get(self.transport)
+        require(spec.horovod or kind is None or not kind.needs_tensorflow, "transport", f"the {self.transport} "
+                "transport is TensorFlow's build", f"use transport='{DEFAULT_TRANSPORT}' with the {self.backend} backend")
 
     def _check_gpu_backend(self) -> None:
         require(not self.decode_cache, "decode_cache", "the gpu backend decodes on the GPU, not from the cache",
@@ -194,8 +199,10 @@ class StreamConfig:
         fix = "leave device out (the batches are exchanged in host memory), or pass 'cpu', 'cuda' or 'cuda:K'"
         require(isinstance(self.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", self.device) is not None, "device",
                 f"{self.device!r} is not a device the batches can be exchanged on", fix)
-        require(self.transport == "torch", "device", f"the {self.transport} transport exchanges batches in host "
-                "memory (MPICH from PyPI is not CUDA-aware)", "pass transport='torch' with a device, or leave it out")
+        on_devices = next(name for name, t in TRANSPORTS.items() if t.devices)
+        require(TRANSPORTS[self.transport].devices, "device", f"the {self.transport} transport exchanges batches in "
+                "host memory (MPICH from PyPI is not CUDA-aware)", f"pass transport='{on_devices}' with a device, or "
+                "leave it out")
         if self.device.startswith("cuda"):
             import torch
             import torch.distributed as dist

@@ -41,12 +41,13 @@ from enspipe.exchange.engine import ExchangeEngine
 from enspipe.measure.stages import StageClock
 from enspipe.measure.threadcpu import set_thread_name
 from enspipe.common import keys
-from enspipe.engine.backends import backend as backend_module
-from enspipe.engine.backends.base import PrepSpec, Stopped
 from enspipe.engine.backends import BACKENDS
+from enspipe.engine.backends.base import PrepSpec, Stopped
+from enspipe.exchange.transports import make_transport
 
 if TYPE_CHECKING:
     from enspipe.data.preprocessing import UserPreprocess
+    from enspipe.engine.config import StreamConfig
 
 QUEUES = ("preprocessing", "exchange", "compute")
 
@@ -78,32 +79,31 @@ def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
 
 
 class Pipeline:
-    def __init__(self, *, manifest: Manifest, engine: ExchangeEngine, rank: int, batch: int,
-                 preprocessing: "str | UserPreprocess", image_size: int, threads: int, order_seed: int, prep_seed: int,
-                 shuffle_buffer: int, queue_depth: int, skip_corrupt: bool, fast_mode: bool,
-                 wire_dtype: str, sample_interval: float, events, backend: str = "tf", impl: str = "crop-first",
-                 cache=None, device=None):
-        self.m, self.engine, self.rank, self.batch = manifest, engine, rank, batch
-        self.preprocessing, self.size, self.threads = preprocessing, image_size, threads
-        self.order_seed, self.prep_seed, self.shuffle_buffer = order_seed, prep_seed, shuffle_buffer
-        self.skip_corrupt, self.fast_mode, self.wire_dtype = skip_corrupt, fast_mode, wire_dtype
-        self.sample_interval, self.events, self.backend, self.impl = sample_interval, events, backend, impl
-        self.cache = cache  # a DecodeCache, or None
-        self.device = device  # the torch device the exchange takes batches on (None: host memory)
-        self.backend_module = backend_module(backend)
-        if BACKENDS[backend].needs_tensorflow:  # here, not first in a stage thread: two importing at once deadlock
+    """One member's staged pipeline. ``stream`` (its :class:`~enspipe.engine.config.StreamConfig`,
+    whole) says what is read, how it is preprocessed and how deep the stages' queues are; the rest
+    is this member's: its exchange ``engine`` and ``rank``, ``preprocessing`` (a built-in's name or
+    a :class:`~enspipe.data.preprocessing.UserPreprocess`), its ``threads``, the ``seed`` of its
+    order and augmentation, a DecodeCache or None, and the torch ``device`` its exchange takes
+    batches on (None: host memory)."""
+
+    def __init__(self, stream: "StreamConfig", *, manifest: Manifest, engine: ExchangeEngine, rank: int,
+                 preprocessing: "str | UserPreprocess", threads: int, seed: int, events, cache=None, device=None):
+        self.m, self.engine, self.rank, self.batch = manifest, engine, rank, stream.batch_size
+        self.threads, self.events, self.cache, self.device = threads, events, cache, device
+        self.skip_corrupt, self.sample_interval = stream.skip_corrupt, stream.sample_interval
+        row = BACKENDS[stream.backend]
+        self.backend_module = row.engine_module()
+        if row.needs_tensorflow:  # here, not first in a stage thread: two importing at once deadlock
             import tensorflow  # noqa: F401
-        self.image_shape, self.image_dtype = output_spec(preprocessing, image_size, wire_dtype)
-        self.share = engine.scheme.share(rank, batch)
+        self.image_shape, self.image_dtype = output_spec(preprocessing, stream.image_size, stream.wire_dtype)
+        self.share = engine.scheme.share(rank, self.batch)
         self.unit = engine.unit  # global batches per read, preprocessing call and exchange
-        self.spec = PrepSpec(manifest=manifest, preprocessing=preprocessing, size=image_size, fast_mode=fast_mode,
-                             wire_dtype=wire_dtype, impl=impl, order_seed=order_seed, prep_seed=prep_seed,
-                             shuffle_buffer=shuffle_buffer, skip_corrupt=skip_corrupt, batch=batch, share=self.share,
-                             unit=self.unit, threads=threads, depth=queue_depth, image_shape=self.image_shape,
-                             image_dtype=self.image_dtype, cache=cache, device=device)
+        self.spec = PrepSpec.of(stream, manifest, preprocessing, seed=seed, share=self.share, unit=self.unit,
+                                threads=threads, image_shape=self.image_shape, image_dtype=self.image_dtype,
+                                cache=cache, device=device)
         self.is_preprocessor = self.share[1] > self.share[0]
-        self.queues = {name: queue.Queue(queue_depth) for name in QUEUES}
-        self.depth = queue_depth
+        self.depth = stream.queue_depth
+        self.queues = {name: queue.Queue(self.depth) for name in QUEUES}
         self.stop = threading.Event()
         self._running = threading.Event()  # cleared: the read and preprocess stages take no new work (pause)
         self._running.set()
@@ -342,25 +342,12 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
     ``reduce_groups``: data-parallel members' ranks, whose gradients the Horovod transport also sums;
     ``device``: the torch device the torch transport exchanges on (None: host memory). Collective
     over ``comm``. Returns ``(transport, pipeline)``."""
-    from enspipe.exchange.engine import Mpi4pyTransport
-
     rank = comm.Get_rank()
     shape, dtype = output_spec(preprocessing, stream.image_size, stream.wire_dtype)
     common = (comm, scheme.groups(), shape, dtype)
     unit = 1 if stream.skip_corrupt else scheme.unit_batches(stream.batch_size, stream.block_images, steps)
-    if stream.transport == "horovod":
-        from enspipe.exchange.horovod import HorovodTransport
-
-        transport = HorovodTransport(*common, events=events, reduce_groups=list(reduce_groups))
-    elif stream.transport == "torch":
-        from enspipe.exchange.torchdist import TorchTransport
-
-        transport = TorchTransport(*common, max_batch=stream.batch_size, queue_depth=stream.queue_depth,
-                                   events=events, uses=scheme.uses(), unit=unit, device=device,
-                                   node_shm=stream.node_shm)
-    else:
-        transport = Mpi4pyTransport(*common, max_batch=stream.batch_size, queue_depth=stream.queue_depth,
-                                    node_shm=stream.node_shm, events=events, uses=scheme.uses(), unit=unit)
+    transport = make_transport(stream, *common, events=events, uses=scheme.uses(), unit=unit, device=device,
+                               reduce_groups=reduce_groups)
     engine = ExchangeEngine(scheme, rank, transport, stream.batch_size, fixed_blocks=not stream.skip_corrupt,
                             unit=unit)
     seed = stream.seed + (0 if scheme.shared else rank)  # baseline members each have their own stream
@@ -371,11 +358,6 @@ def build_pipeline(comm, scheme, manifest: Manifest, preprocessing, stream, thre
         from enspipe.engine.decode_cache import DecodeCache
 
         cache = DecodeCache(MPI, comm, stream.decode_cache, manifest.num_images)
-    pipeline = Pipeline(manifest=manifest, engine=engine, rank=rank, batch=stream.batch_size,
-                        preprocessing=preprocessing, image_size=stream.image_size, threads=threads,
-                        order_seed=seed, prep_seed=seed, shuffle_buffer=stream.shuffle_buffer,
-                        queue_depth=stream.queue_depth, skip_corrupt=stream.skip_corrupt,
-                        fast_mode=stream.fast_mode, wire_dtype=stream.wire_dtype,
-                        sample_interval=stream.sample_interval, events=events, backend=stream.backend,
-                        impl=stream.preprocess_impl, cache=cache, device=device)
+    pipeline = Pipeline(stream, manifest=manifest, engine=engine, rank=rank, preprocessing=preprocessing,
+                        threads=threads, seed=seed, events=events, cache=cache, device=device)
     return transport, pipeline

@@ -21,7 +21,8 @@ from enspipe.plan.options import (MAX_SAMPLE_INTERVAL, check_choices, counts, na
 from enspipe.plan.gradients import EXCHANGES
 from enspipe.plan.schemes import AUTO, DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
 from enspipe.engine.backends import AUTO as AUTO_BACKEND, BACKENDS, IMPLEMENTATIONS
-from enspipe.engine.config import BUILTIN_PREPROCESSING, MALLOC_POLICIES, TRANSPORTS, WIRE_DTYPES
+from enspipe.engine.config import BUILTIN_PREPROCESSING, MALLOC_POLICIES, WIRE_DTYPES
+from enspipe.exchange.transports import DEFAULT as DEFAULT_TRANSPORT, TRANSPORTS
 
 CONSUMERS = ("train", "emulated", "peak")
 TRAINERS = ("auto", "keras", "torch")
@@ -57,7 +58,7 @@ class StreamOptions:
                                "either way", parse=positive_int)
     wire_dtype: str = option("float32", "element type of preprocessed images on the wire; uint8 quantises after "
                              "preprocessing: 4x less traffic, lossy by 1/255 of the range", choices=WIRE_DTYPES)
-    transport: str = option("mpi4py", "collective library: mpi4py communicators, Horovod process sets "
+    transport: str = option(DEFAULT_TRANSPORT, "collective library: mpi4py communicators, Horovod process sets "
                             "(the build of `make horovod`), or torch.distributed process groups (gloo)",
                             choices=TRANSPORTS)
     node_shm: bool = option(True, "exchange through MPI collectives only, not node-shared memory (one copy per "

@@ -22,6 +22,7 @@ from enspipe.plan.errors import ConfigError, require as _require
 from enspipe.plan.options import network_problem, option, positive_int, unwritable
 from enspipe.plan.schemes import AUTO
 from enspipe.engine.backends import BACKENDS, resolve
+from enspipe.exchange.transports import DEFAULT as DEFAULT_TRANSPORT, TRANSPORTS, installed_problem
 from enspipe.engine.config import decode_cache_problem, tensorflow_installed
 
 
@@ -91,7 +92,7 @@ class RunConfig:
         _require(s.scheme == AUTO or s.plan_comm is None or self.planned is not None or
                  x == "prophet", "plan_comm", f"is for --scheme auto or --gradient-exchange "
                  f"prophet, not {s.scheme} with {x}", "leave --plan-comm out")
-        _require(x == "whole" or s.transport == "mpi4py", "gradient_exchange",
+        _require(x == "whole" or TRANSPORTS[s.transport].communicator, "gradient_exchange",
                  f"{x} runs on the member's MPI communicator, not the {s.transport} transport's groups",
                  f"leave --gradient-exchange out with --transport {s.transport}")
         self._check_exchange()
@@ -131,7 +132,7 @@ class RunConfig:
             _require(service_scheme(scheme), name, f"is for --scheme tfdata_service, not {scheme}",
                      f"leave --{name.replace('_', '-')} out, or pass --scheme tfdata_service")
         if service_scheme(scheme):
-            _require(self.stream.transport == "mpi4py", "transport", "the tf.data service moves its own batches "
+            _require(self.stream.transport == DEFAULT_TRANSPORT, "transport", "the tf.data service moves its own batches "
                      "(gRPC)", "leave --transport out for --scheme tfdata_service")
             _require(not self.faults.skip_corrupt, "on_corrupt", "the tf.data service's workers cannot skip and "
                      "count a corrupt record (its graph runs on the workers)", "leave --on-corrupt out for "
@@ -212,7 +213,8 @@ class RunConfig:
                  self.preprocess.backend in BACKENDS and BACKENDS[self.preprocess.backend].needs_tensorflow),
                 ("trainer", "the Keras train consumer", self.trainer == "keras"),
                 ("scheme", "the tf.data service", service_scheme(self.stream.scheme)),
-                ("transport", "Horovod", self.stream.transport == "horovod")) if yes]
+                ("transport", f"the {self.stream.transport} transport",
+                 TRANSPORTS[self.stream.transport].needs_tensorflow)) if yes]
             _require(not needs, needs[0][0] if needs else "backend", f"{needs[0][1] if needs else ''} needs "
                      "TensorFlow, which is not installed here", "pip install 'enspipe[tf]', or run --backend pillow "
                      "with --consumer peak or emulated")
@@ -232,13 +234,9 @@ class RunConfig:
                  "tfdata_service")
         if spec.on_gpu:  # CUDA, torchvision and the preprocessing, as the library checks them
             self.stream_config()
-        if self.stream.transport in ("horovod", "torch"):
-            import importlib.util
-
-            install = {"horovod": "build it with `make horovod` and run from .venv-horovod",
-                       "torch": "pip install 'enspipe[torch]'"}[self.stream.transport]
-            _require(importlib.util.find_spec(self.stream.transport) is not None, "transport",
-                     f"{self.stream.transport} is not installed here", f"{install}, or use --transport mpi4py")
+        problem = installed_problem(self.stream.transport)
+        _require(problem is None, "transport", f"{problem}", f"{TRANSPORTS[self.stream.transport].install}, or use "
+                 f"--transport {DEFAULT_TRANSPORT}")
         if self.measure.cpu_monitor == "mpstat":
             import shutil
 
@@ -327,7 +325,7 @@ class RunConfig:
     def needs_tensorflow(self) -> bool:
         """Whether a rank of this cell runs TensorFlow (its backend, Keras training, the service, Horovod)."""
         return (BACKENDS[self.backend].needs_tensorflow or self.trainer == "keras" or service_scheme(self.stream.scheme)
-                or self.stream.transport == "horovod")
+                or TRANSPORTS[self.stream.transport].needs_tensorflow)
 
     @property
     def global_batch(self) -> int:

@@ -9,6 +9,7 @@ import time
 
 from enspipe.common import keys, phases
 from enspipe.engine.backends import BACKENDS
+from enspipe.exchange.transports import TRANSPORTS
 from enspipe.data.manifest import accounting_note
 from enspipe.run.config import RunConfig
 from enspipe.plan.schemes import make_scheme, node_groups
@@ -151,10 +152,10 @@ def _consumer(cfg: RunConfig, comm, transport, manifest, preprocessing: str, eve
     dequantize = quantizer(preprocessing)[1] if cfg.stream.wire_dtype == "uint8" else None
     group = comm.Split(cfg.member_of(rank), rank) if max(cfg.training.data_parallel) > 1 else None
     gradient_sum = None  # the gradients' all-reduce: the member's group communicator, or its Horovod process set
-    if group is not None and cfg.stream.transport == "horovod" and group.Get_size() > 1:
+    if group is not None and TRANSPORTS[cfg.stream.transport].process_sets and group.Get_size() > 1:
         mine = tuple(cfg.member_ranks(n)[cfg.member_of(rank)])
         gradient_sum = lambda values: transport.allreduce_sum(mine, values)  # noqa: E731
-        events.log(keys.EXCHANGE_PATH, group=list(mine), path="horovod", purpose="gradients")
+        events.log(keys.EXCHANGE_PATH, group=list(mine), path=cfg.stream.transport, purpose="gradients")
     return make_consumers(cfg, manifest.num_classes, cfg.rank_members(rank), dequantize=dequantize, group=group,
                           gradient_sum=gradient_sum)
 

@@ -1,6 +1,5 @@
 """One sample of a dataset by its number, read and preprocessed into a slot of the server's pool
-(the pillow backend's per-image function, :mod:`enspipe.engine.backends.pillow`; no TensorFlow),
-and the pool itself: a file in ``/dev/shm`` that the server and every consumer map.
+(by the server's backend's maker, :mod:`enspipe.engine.backends`), and the pool itself: a file in ``/dev/shm`` that the server and every consumer map.
 """
 from __future__ import annotations
 
@@ -203,51 +202,31 @@ def reap_dead(say=None, path: str | None = None, wait: float = 0.0) -> list[str]
 
 
 class SampleMaker:
-    """Samples read and preprocessed by the pillow backend's per-image function
-    (:func:`enspipe.engine.backends.pillow.work`): each calling thread has a worker process of its
-    own (:mod:`enspipe.engine.workers`) that decodes and augments while the thread waits, so ``k``
-    threads preprocess on ``k`` cores, past the GIL. A sample whose decoder crashes its worker
-    fails alone, as an undecodable one does."""
+    """Samples read here and made by the server's backend: its module's ``maker(spec)``, beside
+    the engine every member runs (:mod:`enspipe.engine.backends`), makes a chunk with the draws of
+    the samples' stream positions (the pillow backend on a worker process per calling thread, the
+    gpu backend as one tensor on its device)."""
 
     def __init__(self, source: SampleSource, opts):
-        from enspipe.data.pixels import output_spec
+        self.source = source
+        self.backend = opts.row.engine_module().maker(opts.prep_spec(source.m))
+        self.device = getattr(self.backend, "device", None)  # where its images are (None: host memory)
 
-        self.source, self.opts = source, opts
-        self.shape, self.dtype = output_spec(opts.preprocessing, opts.image_size, opts.wire_dtype)
-        if opts.own_preprocess:  # a user's augmentation (enspipe.data.transforms), by its worker factory
-            self.function = "enspipe.engine.backends.pillow:user_work"
-            self.kwargs = dict(prep_seed=opts.seed, **opts.preprocessing.worker_kwargs())
-        else:
-            self.function = "enspipe.engine.backends.pillow:work"
-            self.kwargs = dict(preprocessing=opts.preprocess, size=opts.image_size, fast_mode=opts.fast_mode,
-                               wire_dtype=opts.wire_dtype, prep_seed=opts.seed, fused=False)
-        self._local = threading.local()
-        self._pools: list = []
-        self._lock = threading.Lock()
+    @property
+    def decodes(self) -> dict | None:
+        """A GPU backend's decodes on its device and on the CPU; None for the others."""
+        return getattr(self.backend, "decodes", None)
 
-    def _pool(self):
-        pool = getattr(self._local, "pool", None)
-        if pool is None:
-            from enspipe.engine.workers import WorkerPool
-
-            pool = self._local.pool = WorkerPool(1, self.function, self.kwargs, self.shape, self.dtype, skip=True)
-            with self._lock:
-                self._pools.append(pool)
-        return pool
-
-    def make(self, samples: list, positions: list) -> tuple[np.ndarray, list]:
+    def make(self, samples: list, positions: list) -> tuple:
         """The samples preprocessed with the draws of their stream positions: ``(images, rows)``,
         a row ``(id, label, problem)`` per sample, ``problem`` None or why it could not be made
         (its image then undefined)."""
         encoded, rows = read(self.source, samples)
-        images, failed = self._pool().map(encoded, positions, [r[0] for r in rows], [0] * len(samples))
+        images, failed = self.backend.make(encoded, positions, [r[0] for r in rows])
         return images, made_rows(rows, failed)
 
     def close(self) -> None:
-        with self._lock:
-            pools, self._pools = self._pools, []
-        for pool in pools:
-            pool.close()
+        self.backend.close()
 
 
 def read(source: SampleSource, samples: list) -> tuple[list, list]:
@@ -271,36 +250,3 @@ def made_rows(rows: list, failed: dict) -> list:
         if rows[i][2] is None:
             rows[i][2] = f"{rows[i][3]}: undecodable image ({why})"
     return [(sid, label, problem) for sid, label, problem, _ in rows]
-
-
-class TensorSampleMaker:
-    """Samples read and preprocessed by the gpu backend (:class:`enspipe.engine.backends.gpu.TensorEngine`):
-    a chunk's JPEGs decoded together by nvJPEG on the server's GPU and augmented there, so its
-    images are tensors on that GPU (``device="cpu"``: the same ops on CPU tensors). A sample
-    nvJPEG refuses is decoded on the CPU and counted (:attr:`decodes`)."""
-
-    def __init__(self, source: SampleSource, opts):
-        from enspipe.engine.backends.gpu import tensor_engine
-
-        self.source = source
-        self.engine = tensor_engine(opts.preprocess, opts.image_size, opts.wire_dtype, opts.seed, True, opts.device,
-                                    opts.fast_mode)
-        self.device = self.engine.device
-        self._lock = threading.Lock()  # one chunk on the device at a time: the decoder's handle is shared
-
-    @property
-    def decodes(self) -> dict:
-        return self.engine.decodes
-
-    def make(self, samples: list, positions: list) -> tuple:
-        """As :meth:`SampleMaker.make`, the images one tensor on the device (zeros where a sample failed)."""
-        encoded, rows = read(self.source, samples)
-        with self._lock:
-            kept, failed = self.engine.augment(encoded, positions)
-            images = kept.new_zeros((len(samples), *kept.shape[1:]))
-            ok = [i for i in range(len(samples)) if i not in failed]
-            images[ok] = kept
-        return images, made_rows(rows, failed)
-
-    def close(self) -> None:
-        self.engine.close()

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from enspipe.common.atomic import write_json_atomic
 from enspipe.data.transforms import layout_of
 from enspipe.serve import wire
-from enspipe.serve.samples import Pool, SampleMaker, SampleSource, TensorSampleMaker
+from enspipe.serve.samples import Pool, SampleMaker, SampleSource
 from enspipe.serve.schedule import Scheduler
 from enspipe.serve.status import Status
 
@@ -48,8 +48,7 @@ class Server:
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
         shape, dtype = output_spec(opts.preprocessing, opts.image_size, opts.wire_dtype)
         self.source = SampleSource(manifest)
-        # on the CPU, each thread below runs a worker process; on a GPU, the backend's engine makes tensors
-        self.maker = (TensorSampleMaker if opts.row.on_gpu else SampleMaker)(self.source, opts)
+        self.maker = SampleMaker(self.source, opts)  # the backend's maker: on the CPU, a worker process per thread
         device = self.maker.device if opts.on_gpu else None
         self.pool = Pool.create(opts.slots, shape, dtype, mode=opts.file_mode, gid=opts.gid, say=say, device=device)
         self.sched = Scheduler(manifest.num_images, opts.slots, opts.batch_size, opts.seed)

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from enspipe.common.plugins import FUNCTION_NAME
-from enspipe.engine.backends import BACKENDS, SERVED
+from enspipe.engine.backends import BACKENDS, served
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
-from enspipe.engine.config import BUILTIN_PREPROCESSING
+from enspipe.engine.config import BUILTIN_PREPROCESSING, WIRE_DTYPES
 
 PREPROCESSING = BUILTIN_PREPROCESSING  # the built-ins, the pillow backend's
-WIRE_DTYPES = ("float32", "uint8")
 HEADER = struct.Struct("!I")
 MAX_MESSAGE = 1 << 20  # the largest message (a batch's slot list) is a few kB
 # the hello fields a consumer may state; where stated they must be the server's
@@ -108,7 +107,7 @@ class ServeOptions:
     status_interval: float = 2.0
     max_consumers: int = 64
     group: str | int | None = None
-    backend: str = SERVED[0]
+    backend: str | None = None  # None: the first the table serves with (pillow)
     device: str | None = None
 
     def __post_init__(self) -> None:
@@ -129,10 +128,12 @@ class ServeOptions:
                 f"unknown preprocessing {self.preprocess!r}", f"choose one of {', '.join(PREPROCESSING)}, or name "
                 "your own augmentation package.module:function (see enspipe.data.transforms)")
         object.__setattr__(self, "_transform", None)
-        require(self.backend in SERVED, "backend", f"unknown backend {self.backend!r}",
-                f"choose one of {', '.join(SERVED)}")
-        arrays = next(name for name in SERVED if BACKENDS[name].runs_user_arrays)
-        gpu = next(name for name in SERVED if BACKENDS[name].on_gpu)
+        names = served()
+        if self.backend is None:
+            object.__setattr__(self, "backend", names[0])
+        require(self.backend in names, "backend", f"unknown backend {self.backend!r}", f"choose one of {', '.join(names)}")
+        arrays = next(name for name in names if BACKENDS[name].runs_user_arrays)
+        gpu = next(name for name in names if BACKENDS[name].on_gpu)
         require(self.row.runs_user_arrays or not self.own_preprocess, "preprocess", f"the {self.backend} backend runs "
                 f"its own preprocessings, not {self.preprocess}", f"pass a built-in --preprocess, or --backend {arrays} "
                 "for your augmentation")
@@ -201,6 +202,19 @@ class ServeOptions:
     def on_gpu(self) -> bool:
         """Whether the samples are made, and the pool held, on a GPU."""
         return self.row.on_gpu and self.device != "cpu"
+
+    def prep_spec(self, manifest):
+        """The backend's spec of the samples this server makes (each on its own, seeded by its
+        stream position; an undecodable one fails alone)."""
+        from enspipe.data.pixels import output_spec
+        from enspipe.engine.backends.base import PrepSpec
+
+        shape, dtype = output_spec(self.preprocessing, self.image_size, self.wire_dtype)
+        return PrepSpec(manifest=manifest, preprocessing=self.preprocessing, size=self.image_size,
+                        fast_mode=self.fast_mode, wire_dtype=self.wire_dtype, impl="crop-first", order_seed=self.seed,
+                        prep_seed=self.seed, shuffle_buffer=0, skip_corrupt=True, batch=self.batch_size,
+                        share=(0, self.batch_size), unit=1, threads=1, depth=1, image_shape=shape, image_dtype=dtype,
+                        device=self.device)
 
     @property
     def sample_bytes(self) -> int:

@@ -2,7 +2,7 @@
 stages' stop signal, and the engine protocol.
 
 A backend module (one per backend, registered in :mod:`enspipe.engine.backends`; what it can do
-is its :class:`~enspipe.engine.config.BackendSpec`, checked before any work) provides:
+is its :class:`~enspipe.engine.backends.Backend` row, checked before any work) provides:
 
 * ``slices(spec)``: this member's share of each unit of global batches, read and parsed (numpy
   dicts of ``encoded``, ``label``, ``id``, ``epoch``, ``position``, ``key``; nothing decoded);
@@ -10,7 +10,11 @@ is its :class:`~enspipe.engine.config.BackendSpec`, checked before any work) pro
   raises :class:`Stopped` once the pipeline stops) and yields ``(slice, images, meta, seconds)``
   (the slice as read, its images and ``[id, epoch, position, label]`` rows, skipped images left
   out in skip mode, and the seconds it worked on it, not counting its waits for input), and whose
-  ``close()`` frees what it holds.
+  ``close()`` frees what it holds;
+* ``maker(spec)`` (a backend whose row ``serves``): the attach server's, whose ``make(encoded,
+  positions, samples)`` makes a chunk of samples, each with the draws of its stream position,
+  returning ``(images, {index: why})`` (an image undefined where it failed), and ``close()``; a
+  maker on a GPU has ``device`` (and ``decodes``).
 """
 from __future__ import annotations
 
@@ -55,6 +59,16 @@ class PrepSpec:
             raise ValueError(f"threads: must be at least 1, got {self.threads}")
         if self.skip_corrupt and self.unit != 1:
             raise ValueError("--on-corrupt skip keeps each slice's own bounds: one batch at a time")
+
+    @classmethod
+    def of(cls, stream, manifest, preprocessing, *, seed: int, **member) -> "PrepSpec":
+        """The spec of a member of ``stream`` (a :class:`~enspipe.engine.config.StreamConfig`)
+        reading ``manifest``, its order and augmentation seeded by ``seed``; ``member``: its
+        ``share``, ``unit``, ``threads``, ``image_shape``, ``image_dtype``, ``cache`` and ``device``."""
+        return cls(manifest=manifest, preprocessing=preprocessing, size=stream.image_size, fast_mode=stream.fast_mode,
+                   wire_dtype=stream.wire_dtype, impl=stream.preprocess_impl, order_seed=seed, prep_seed=seed,
+                   shuffle_buffer=stream.shuffle_buffer, skip_corrupt=stream.skip_corrupt, batch=stream.batch_size,
+                   depth=stream.queue_depth, **member)
 
     @property
     def slice_len(self) -> int:

@@ -21,6 +21,7 @@ CPU tensors, it is how the backend's values are tested on machines without a GPU
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -52,6 +53,37 @@ def member_gpu(device=None):
 def engine(spec: PrepSpec) -> "TensorEngine":
     return tensor_engine(spec.preprocessing, spec.size, spec.wire_dtype, spec.prep_seed, spec.skip_corrupt,
                          spec.device, spec.fast_mode, spec.impl == "fused-colour")
+
+
+def maker(spec: PrepSpec) -> "TensorMaker":
+    return TensorMaker(spec)
+
+
+class TensorMaker:
+    """The attach server's: a chunk's JPEGs decoded together by nvJPEG on the server's GPU and
+    augmented there, so its images are one tensor on that GPU (``device="cpu"``: the same ops on
+    CPU tensors). A sample nvJPEG refuses is decoded on the CPU and counted (:attr:`decodes`)."""
+
+    def __init__(self, spec: PrepSpec):
+        self.engine = tensor_engine(spec.preprocessing, spec.size, spec.wire_dtype, spec.prep_seed, True, spec.device,
+                                    spec.fast_mode, spec.impl == "fused-colour")
+        self.device = self.engine.device
+        self._lock = threading.Lock()  # one chunk on the device at a time: the decoder's handle is shared
+
+    @property
+    def decodes(self) -> dict:
+        return self.engine.decodes
+
+    def make(self, encoded: list, positions: list, samples: list) -> tuple:
+        """As the pillow backend's: the images one tensor on the device (zeros where one failed)."""
+        with self._lock:
+            kept_images, failed = self.engine.augment(encoded, positions)
+            images = kept_images.new_zeros((len(encoded), *kept_images.shape[1:]))
+            images[[i for i in range(len(encoded)) if i not in failed]] = kept_images
+        return images, failed
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def tensor_engine(preprocessing: str, size: int, wire_dtype: str, prep_seed: int, skip_corrupt: bool, device=None,

@@ -8,6 +8,7 @@ whose images live in this process, the k are threads instead.
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -147,6 +148,52 @@ class PillowEngine:
             self.pool.shutdown(wait=True, cancel_futures=True)
         if self.workers is not None:
             self.workers.close()
+
+
+def maker(spec: PrepSpec) -> "PillowMaker":
+    return PillowMaker(spec)
+
+
+class PillowMaker:
+    """The attach server's: a chunk of samples made with the draws of their stream positions
+    (:func:`work`, or :func:`user_work` for a user's augmentation). Each calling thread has a worker
+    process of its own that decodes and augments while the thread waits, so ``k`` threads make
+    samples on ``k`` cores, past the GIL; a sample whose decoder crashes its worker fails alone, as
+    an undecodable one does."""
+
+    def __init__(self, spec: PrepSpec):
+        self.spec = spec
+        if isinstance(spec.preprocessing, str):
+            self.function = f"{__name__}:work"
+            self.kwargs = dict(preprocessing=spec.preprocessing, size=spec.size, fast_mode=spec.fast_mode,
+                               wire_dtype=spec.wire_dtype, prep_seed=spec.prep_seed, fused=spec.impl == "fused-colour")
+        else:
+            self.function = f"{__name__}:user_work"
+            self.kwargs = dict(prep_seed=spec.prep_seed, **spec.preprocessing.worker_kwargs())
+        self._local = threading.local()
+        self._pools: list = []
+        self._lock = threading.Lock()
+
+    def _pool(self):
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            from enspipe.engine.workers import WorkerPool
+
+            pool = self._local.pool = WorkerPool(1, self.function, self.kwargs, self.spec.image_shape,
+                                                 self.spec.image_dtype, skip=True)
+            with self._lock:
+                self._pools.append(pool)
+        return pool
+
+    def make(self, encoded: list, positions: list, samples: list) -> tuple[np.ndarray, dict]:
+        """The images (undefined where one failed) and ``{index: why}`` for those that failed."""
+        return self._pool().map(encoded, positions, samples, [0] * len(encoded))
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = self._pools, []
+        for pool in pools:
+            pool.close()
 
 
 def _decode(encoded: bytes) -> np.ndarray:
