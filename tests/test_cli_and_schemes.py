@@ -61,6 +61,27 @@ def test_horovod_transport_without_horovod_names_the_fix(dataset, tmp_path):
     assert r.returncode == 2 and "--transport" in r.stderr and "make horovod" in r.stderr
 
 
+def test_a_gpu_backend_that_cannot_run_here_names_the_way_out_as_its_caller_spells_it(dataset, tmp_path):
+    """No torch, or no CUDA: the command line is told --backend pillow, a Python caller backend='pillow'."""
+    import enspipe as lib
+
+    if _cuda():
+        pytest.skip("this machine has CUDA: the gpu backend runs")
+    r = enspipe("run", "--data", dataset, "--out", tmp_path / "o", "--backend", "gpu")
+    assert r.returncode == 2 and "--backend: the gpu backend" in r.stderr, r.stderr
+    assert "pass --backend pillow (the CPU)" in r.stderr and "backend='pillow'" not in r.stderr, r.stderr
+    with pytest.raises(lib.ConfigError, match=r"backend=: the gpu backend .*pass backend='pillow' \(the CPU\)"):
+        lib.StreamConfig(data=dataset, batch_size=4, backend="gpu")
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def test_torch_transport_without_torch_names_the_fix(dataset, tmp_path):
     import importlib.util
 
