@@ -106,13 +106,10 @@ class StreamConfig:
         try:
             object.__setattr__(self, "decode_cache", parse_size(self.decode_cache))
         except ValueError as e:
-            raise ConfigError("decode_cache", str(e), f"pass {option('decode_cache', '8GB')} or another size, or 0 (off)") from None
+            raise ConfigError("decode_cache", str(e),
+                              f"pass {option('decode_cache', '8GB')} or another size, or 0 (off)") from None
         if self.backend_row.on_gpu:
             self._check_gpu_backend()
-        arrays = resolve(AUTO_BACKEND, False).name
-        require(self.backend_row.user_functions != "none" or not callable(self.preprocess), "preprocess",
-                f"the {self.backend} backend runs its own preprocessings, not a function", f"pass a built-in's name, "
-                f"or {option('backend', arrays)} for your function")
         require(not (self.decode_cache and callable(self.preprocess) and self.backend_row.runs_user_arrays),
                 "decode_cache",
                 "a preprocess function on the pillow backend gets each image decoded in its worker, not from the cache",
@@ -138,13 +135,15 @@ class StreamConfig:
         require(kind.node_shm_optional or self.node_shm, "node_shm", f"the {self.transport} transport has no "
                 "node-shared memory path to turn off", f"leave node_shm on, or use transport={others}")
         problem = installed_problem(self.transport)
-        require(problem is None, "transport", f"{problem}", f"{kind.install}, or use {option('transport', DEFAULT_TRANSPORT)}")
+        require(problem is None, "transport", f"{problem}",
+                f"{kind.install}, or use {option('transport', DEFAULT_TRANSPORT)}")
         require(isinstance(self.sample_interval, (int, float)) and math.isfinite(self.sample_interval)
                 and self.sample_interval > 0, "sample_interval", f"must be a positive number, got "
                 f"{self.sample_interval!r}", "pass e.g. 0.1")
         if self.scheme == AUTO:
             require(self.calibration is not None and self.network is not None, "calibration", "scheme auto plans "
-                    "from a calibration of a network's preprocessing", f"pass {option('calibration', 'rates.json')} and "
+                    "from a calibration of a network's preprocessing",
+                    f"pass {option('calibration', 'rates.json')} and "
                     f"{option('network', 'alexnet_v2')} (the network whose preprocessing rate it gives)")
             require(self.preprocessors is None, "preprocessors", "scheme auto chooses P itself",
                     "leave preprocessors out, or name the scheme")
@@ -154,7 +153,8 @@ class StreamConfig:
                     "pass the rate one member trains at, or leave it out")
         else:
             require(self.calibration is None and self.plan_comm is None, "calibration",
-                    f"plans scheme auto; the scheme is {self.scheme}", f"leave it out, or pass {option('scheme', 'auto')}")
+                    f"plans scheme auto; the scheme is {self.scheme}",
+                    f"leave it out, or pass {option('scheme', 'auto')}")
         if callable(self.preprocess):
             require(self.wire_dtype == "float32", "wire_dtype", "uint8 quantising needs a built-in's output range",
                     "return uint8 from your preprocess function instead, and leave wire_dtype at float32")
@@ -174,7 +174,8 @@ class StreamConfig:
             object.__setattr__(self, "backend", resolve(AUTO_BACKEND, has_tf, is_torch_pipeline(self.preprocess)).name)
         spec = self.backend_row
         require(not spec.needs_tensorflow or has_tf, "backend", "TensorFlow is not installed here",
-                f"pip install tensorflow-cpu, or pass {option('backend', resolve(AUTO_BACKEND, False).name)} (no TensorFlow)")
+                f"pip install tensorflow-cpu, or pass {option('backend', resolve(AUTO_BACKEND, False).name)} "
+                "(no TensorFlow)")
         require(self.preprocess_impl in IMPLEMENTATIONS, "preprocess_impl", f"unknown preprocessing implementation "
                 f"{self.preprocess_impl!r}", f"choose one of {', '.join(IMPLEMENTATIONS)}")
         if self.preprocess_impl == "reference":
@@ -186,7 +187,12 @@ class StreamConfig:
                 "own", "leave preprocess_impl at crop-first with a preprocess function")
         kind = TRANSPORTS.get(self.transport)
         require(spec.horovod or kind is None or not kind.needs_tensorflow, "transport", f"the {self.transport} "
-                "transport is TensorFlow's build", f"use {option('transport', DEFAULT_TRANSPORT)} with the {self.backend} backend")
+                "transport is TensorFlow's build",
+                f"use {option('transport', DEFAULT_TRANSPORT)} with the {self.backend} backend")
+        arrays = resolve(AUTO_BACKEND, False).name  # (a GPU backend's own refusal names its CUDA and nvJPEG)
+        require(spec.on_gpu or spec.user_functions != "none" or not callable(self.preprocess), "preprocess",
+                f"the {self.backend} backend runs its own preprocessings, not a function", f"pass a built-in's name, "
+                f"or {option('backend', arrays)} for your function")
 
     def _check_gpu_backend(self) -> None:
         require(not self.decode_cache, "decode_cache", "the gpu backend decodes on the GPU, not from the cache",
@@ -202,7 +208,8 @@ class StreamConfig:
                 f"{self.device!r} is not a device the batches can be exchanged on", fix)
         on_devices = next(name for name, t in TRANSPORTS.items() if t.devices)
         require(TRANSPORTS[self.transport].devices, "device", f"the {self.transport} transport exchanges batches in "
-                "host memory (MPICH from PyPI is not CUDA-aware)", f"pass {option('transport', on_devices)} with a device, or "
+                "host memory (MPICH from PyPI is not CUDA-aware)",
+                f"pass {option('transport', on_devices)} with a device, or "
                 "leave it out")
         if self.device.startswith("cuda"):
             import torch

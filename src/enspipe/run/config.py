@@ -132,7 +132,8 @@ class RunConfig:
             _require(service_scheme(scheme), name, f"is for --scheme tfdata_service, not {scheme}",
                      f"leave --{name.replace('_', '-')} out, or pass --scheme tfdata_service")
         if service_scheme(scheme):
-            _require(self.stream.transport == DEFAULT_TRANSPORT, "transport", "the tf.data service moves its own batches "
+            _require(self.stream.transport == DEFAULT_TRANSPORT, "transport",
+                     "the tf.data service moves its own batches "
                      "(gRPC)", "leave --transport out for --scheme tfdata_service")
             _require(not self.faults.skip_corrupt, "on_corrupt", "the tf.data service's workers cannot skip and "
                      "count a corrupt record (its graph runs on the workers)", "leave --on-corrupt out for "

@@ -131,12 +131,13 @@ class ServeOptions:
         names = served()
         if self.backend is None:
             object.__setattr__(self, "backend", names[0])
-        require(self.backend in names, "backend", f"unknown backend {self.backend!r}", f"choose one of {', '.join(names)}")
+        require(self.backend in names, "backend", f"unknown backend {self.backend!r}",
+                f"choose one of {', '.join(names)}")
         arrays = next(name for name in names if BACKENDS[name].runs_user_arrays)
         gpu = next(name for name in names if BACKENDS[name].on_gpu)
         require(self.row.runs_user_arrays or not self.own_preprocess, "preprocess", f"the {self.backend} backend runs "
-                f"its own preprocessings, not {self.preprocess}", f"pass a built-in --preprocess, or --backend {arrays} "
-                "for your augmentation")
+                f"its own preprocessings, not {self.preprocess}",
+                f"pass a built-in --preprocess, or --backend {arrays} for your augmentation")
         fix = f"pass --backend {gpu} with --device cuda, cuda:K or cpu, or leave --device out"
         require(self.device is None or self.row.on_gpu, "device", f"the {self.backend} backend makes its samples on "
                 f"the CPU into host memory, not on {self.device!r}", fix)

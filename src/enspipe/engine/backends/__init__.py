@@ -75,12 +75,14 @@ class Backend:
 
 
 _BUILT_IN = {b.name: b for b in (
-    Backend("tf", "enspipe.engine.backends.tf", needs_tensorflow=True, user_functions="tensorflow", implementations=IMPLEMENTATIONS,
+    Backend("tf", "enspipe.engine.backends.tf", needs_tensorflow=True, user_functions="tensorflow",
+            implementations=IMPLEMENTATIONS,
             horovod=True, tfdata_service=True, on_gpu=False, permutes=False),
     Backend("pillow", "enspipe.engine.backends.pillow", needs_tensorflow=False, user_functions="arrays",
             implementations=("crop-first", "fused-colour"), horovod=False, tfdata_service=False, on_gpu=False,
             permutes=True, serves=True, serve_chunk=4),
-    Backend("gpu", "enspipe.engine.backends.gpu", needs_tensorflow=False, user_functions="none", implementations=("crop-first", "fused-colour"),
+    Backend("gpu", "enspipe.engine.backends.gpu", needs_tensorflow=False, user_functions="none",
+            implementations=("crop-first", "fused-colour"),
             horovod=False, tfdata_service=False, on_gpu=True, permutes=True, serves=True, serve_threads=2),
 )}
 ENTRY_POINTS = "enspipe.backends"
