@@ -234,7 +234,8 @@ def test_thread_pools_are_sized_from_the_hosts_cores(cores, members, host_cpus, 
 
 def test_run_options_are_declared_once_on_the_run_config(dataset, tmp_path):
     """The parser is built from RunConfig's fields: each default is the field's, each value parses."""
-    from enspipe.cli import build_parser, config_from_args
+    from enspipe.cli import build_parser
+    from enspipe.commands.cells import config_from_args
     from enspipe.run.run_options import option_fields
 
     base = ["run", "--data", str(dataset), "--out", str(tmp_path)]

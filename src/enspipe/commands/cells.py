@@ -64,7 +64,7 @@ def _run_cells_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)  # one rank of the job the driver started
 
 
-def _cell_config(args: list[str]) -> RunConfig:
+def cell_config(args: list[str]) -> RunConfig:
     """A cell's config from its enspipe run options, exactly as enspipe run checks them."""
     p = raising_parser("fix the cell's enspipe run options")
     run_args(p)
@@ -80,7 +80,7 @@ def _run_cells(a: argparse.Namespace, fail: Fail) -> int:
 
     try:
         n, cells = read_spec(a.spec)
-        cfgs = check_cells(n, cells, _cell_config)
+        cfgs = check_cells(n, cells, cell_config)
     except ConfigError as e:
         if a.in_job and (launched() or (0, 1))[0] != 0:
             return 2  # rank 0 says it

@@ -9,6 +9,7 @@ import os
 import sys
 
 from enspipe.commands.base import Command, Fail, say as _say
+from enspipe.commands.cells import cell_config
 from enspipe.common.tfimport import import_tensorflow
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.options import counts, network_name, positive_int
@@ -134,10 +135,10 @@ def _profile(a: argparse.Namespace, fail: Fail) -> int:
              f"{a.batch_size}, steps {a.steps}")
     try:  # every job's options checked before the first starts
         for g in a.accelerators:
-            config_from_args(build_parser().parse_args(
-                ["run", "--data", a.data, "--out", os.path.join(a.cache, "check"), "--consumer", "train",
+            cell_config(
+                ["--data", a.data, "--out", os.path.join(a.cache, "check"), "--consumer", "train",
                  "--network", a.network, "--data-parallel", str(g), "--batch-size", str(a.batch_size),
-                 "--steps", str(a.steps), "--image-size", str(a.image_size), "--lr", str(a.lr), *run_args]))
+                 "--steps", str(a.steps), "--image-size", str(a.image_size), "--lr", str(a.lr), *run_args])
     except ConfigError as e:
         fail(str(e))
     launcher = shlex.split(a.launcher) if a.launcher else [os.path.join(os.path.dirname(sys.executable), "mpiexec")]

@@ -9,6 +9,7 @@ import os
 import sys
 
 from enspipe.commands.base import Command, Fail, say as _say
+from enspipe.commands.cells import cell_config
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.options import network_name, positive_int
 
@@ -112,7 +113,7 @@ def _checked_arm(a: argparse.Namespace, run_args: list[str]):
     for r in rounds:  # the rounds' run options checked before anything is touched
         cmd = round_command(ens, r, a.data, a.out, images // a.batch_size, a.seed,
                             ["--batch-size", str(a.batch_size), *run_args], [], a.validation)
-        config_from_args(build_parser().parse_args(cmd[cmd.index("run"):]))
+        cell_config(cmd[cmd.index("run") + 1:])
     problem = claim_directory(a.out, identity(ens, a.arm, read_manifest(a.data).digest, a.batch_size, a.seed,
                                               run_args, a.validation), a.fresh)
     if problem:
