@@ -103,17 +103,7 @@ class StreamConfig:
     def __post_init__(self) -> None:
         self._check_backend()
         self._check_device()
-        try:
-            object.__setattr__(self, "decode_cache", parse_size(self.decode_cache))
-        except ValueError as e:
-            raise ConfigError("decode_cache", str(e),
-                              f"pass {option('decode_cache', '8GB')} or another size, or 0 (off)") from None
-        if self.backend_row.on_gpu:
-            self._check_gpu_backend()
-        require(not (self.decode_cache and callable(self.preprocess) and self.backend_row.runs_user_arrays),
-                "decode_cache",
-                "a preprocess function on the pillow backend gets each image decoded in its worker, not from the cache",
-                "leave decode_cache out with your own preprocess function")
+        self._check_decode_cache()
         require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
                 "pass data=DIR: Slim TFRecord shards or JPEG class folders (enspipe make-dataset makes one)")
         for name in ("batch_size", "image_size", "queue_depth", "block_images"):
@@ -193,6 +183,20 @@ class StreamConfig:
         require(spec.on_gpu or spec.user_functions != "none" or not callable(self.preprocess), "preprocess",
                 f"the {self.backend} backend runs its own preprocessings, not a function", f"pass a built-in's name, "
                 f"or {option('backend', arrays)} for your function")
+
+    def _check_decode_cache(self) -> None:
+        """``decode_cache`` as bytes, and a backend and preprocessing that can read from it."""
+        try:
+            object.__setattr__(self, "decode_cache", parse_size(self.decode_cache))
+        except ValueError as e:
+            raise ConfigError("decode_cache", str(e),
+                              f"pass {option('decode_cache', '8GB')} or another size, or 0 (off)") from None
+        if self.backend_row.on_gpu:
+            self._check_gpu_backend()
+        require(not (self.decode_cache and callable(self.preprocess) and self.backend_row.runs_user_arrays),
+                "decode_cache",
+                "a preprocess function on the pillow backend gets each image decoded in its worker, not from the cache",
+                "leave decode_cache out with your own preprocess function")
 
     def _check_gpu_backend(self) -> None:
         require(not self.decode_cache, "decode_cache", "the gpu backend decodes on the GPU, not from the cache",
