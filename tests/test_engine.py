@@ -53,6 +53,71 @@ def test_workers_make_the_images_one_process_makes(name, wire):
     assert np.array_equal(alone, shared) and np.array_equal(meta1, meta3)
 
 
+class _Slices:
+    """A stage's source of ``count`` slices of ``n`` images (fresh positions and keys each), as a
+    pipeline hands them out: ``take()``, and ``poll()`` for an engine that works ahead."""
+
+    def __init__(self, count: int, n: int):
+        from enspipe.engine.backends.base import Stopped
+
+        self.items, self.polled, self.stopped = [], 0, Stopped
+        for j in range(count):
+            item = _slice(n)
+            item["position"] = item["position"] + n * j
+            item["id"] = item["id"] + n * j
+            item["key"] = np.array([f"s{j}img{i}.jpg".encode() for i in range(n)], object)
+            self.items.append(item)
+        self.left = list(self.items)
+
+    def __call__(self):
+        if not self.left:
+            raise self.stopped
+        return self.left.pop(0)
+
+    def poll(self):
+        self.polled += 1
+        return self.left.pop(0) if self.left else None
+
+
+
+def _drain(engine, take) -> list:
+    out, it = [], engine.run(take)
+    try:
+        while True:
+            out.append(next(it))
+    except take.stopped:
+        return out
+    finally:
+        engine.close()
+
+
+@pytest.mark.timing
+def test_workers_take_the_next_slice_ahead_and_give_each_slice_whole_in_order():
+    alone = _drain(PillowEngine("vgg", 32, False, "float32", 5, 1, False), _Slices(5, 13))
+    take = _Slices(5, 13)
+    ahead = _drain(PillowEngine("vgg", 32, False, "float32", 5, 2, False), take)
+    assert take.polled >= 4  # each slice but the first handed out while the one before was still made
+    assert [a[0]["key"].tolist() for a in alone] == [b[0]["key"].tolist() for b in ahead]
+    for (_, images1, meta1, _), (_, images2, meta2, _) in zip(alone, ahead):
+        assert images1.shape == (13, 32, 32, 3) and np.array_equal(images1, images2)
+        assert np.array_equal(meta1, meta2)
+
+
+@pytest.mark.timing
+def test_a_worker_crash_in_the_slice_ahead_names_that_slices_image(monkeypatch):
+    """Position 2 x 8 + 3 (the third slice's img3) kills its worker while it is made ahead."""
+    from enspipe.engine.worker import FAULT_KEY
+
+    monkeypatch.setenv(FAULT_KEY, str(2 * 8 + 3))
+    with pytest.raises(DataError) as e:
+        _drain(PillowEngine("inception", 32, False, "uint8", 0, 2, False), _Slices(4, 8))
+    assert "killed by SIGSEGV" in str(e.value) and "s2img3.jpg" in str(e.value), e.value
+    take = _Slices(4, 8)
+    got = _drain(PillowEngine("inception", 32, False, "uint8", 0, 2, True), take)
+    kept = [k.decode() for item, _, meta, _ in got for k, i in zip(item["key"], item["id"]) if i in meta[:, 0]]
+    assert kept == [f"s{j}img{i}.jpg" for j in range(4) for i in range(8) if (j, i) != (2, 3)]
+
+
 @pytest.mark.timing
 def test_an_undecodable_image_is_named_or_skipped_and_counted_on_workers():
     item = _slice(12, bad=(4,))

@@ -78,6 +78,21 @@ def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
+class _Taker:
+    """A stage's source of work, as a backend's engine takes it: ``take()`` waits for the next
+    item, ``poll()`` returns it only if it is there now (else None), for an engine that hands out
+    the next slice before it has finished this one."""
+
+    def __init__(self, pipeline: "Pipeline", name: str):
+        self.pipeline, self.name = pipeline, name
+
+    def __call__(self):
+        return self.pipeline._take(self.name)
+
+    def poll(self):
+        return self.pipeline._poll(self.name)
+
+
 class Pipeline:
     """One member's staged pipeline. ``stream`` (its :class:`~enspipe.engine.config.StreamConfig`,
     whole) says what is read, how it is preprocessed and how deep the stages' queues are; the rest
@@ -147,6 +162,17 @@ class Pipeline:
         self._wait_running()
         return self._get(name)
 
+    def _poll(self, name: str):
+        """A producing stage's next item if one is there now and it may take new work, else None."""
+        if self.failure is not None or self.stop.is_set():
+            return self._get(name)  # raises
+        if not self._running.is_set():
+            return None
+        try:
+            return self.queues[name].get_nowait()
+        except queue.Empty:
+            return None
+
     def _stage(self, name: str, fn, cleanup=None) -> threading.Thread:
         """The stage's thread; ``cleanup`` runs in it once the pipeline has stopped."""
         def body():
@@ -184,7 +210,7 @@ class Pipeline:
     def _preprocess(self) -> None:
         self._prep_engine = self.backend_module.engine(self.spec)  # closed by close(), so its pool threads' CPU stays visible
         try:
-            for raw, images, meta, took in self._prep_engine.run(lambda: self._take("preprocessing")):
+            for raw, images, meta, took in self._prep_engine.run(_Taker(self, "preprocessing")):
                 if self.skip_corrupt:
                     images, meta = self._drop_skipped(raw, images, meta)
                 self.preprocessed += len(meta)

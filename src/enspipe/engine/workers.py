@@ -41,6 +41,7 @@ from enspipe.measure import threadcpu
 
 CHUNK = 8          # images per message at most
 IN_FLIGHT = 2      # chunks a worker holds at once: the next one waits in its socket
+LANES = 2          # slices in flight at once (WorkerPool.submit)
 
 
 class WorkerDied(RuntimeError):
@@ -113,11 +114,25 @@ class _Region:
         os.close(self.fd)
 
 
+class _Job:
+    """One slice in flight: its lane of both regions, how many of its chunks are still out, what
+    failed (index in the slice -> why), and the caller's ``tag`` (named by a worker's death)."""
+
+    __slots__ = ("lane", "n", "left", "failed", "tag", "images")
+
+    def __init__(self, lane: int, n: int, tag):
+        self.lane, self.n, self.left, self.failed, self.tag, self.images = lane, n, 0, {}, tag, None
+
+
 class WorkerPool:
     """``n`` workers running ``function`` (``"module:factory"``; the factory, called with
     ``kwargs`` in each worker, returns the per-image function ``f(encoded, position, sample,
     epoch) -> image`` and the exceptions that mean an undecodable image) into images of
-    ``shape`` and ``dtype``."""
+    ``shape`` and ``dtype``.
+
+    Up to :data:`LANES` slices are in flight at once (:meth:`submit`, then :meth:`result` in the
+    same order), each in a lane of both regions of its own: the workers go on to the next slice's
+    images while the member copies the last one's out, as a ``DataLoader``'s prefetch does."""
 
     def __init__(self, n: int, function: str, kwargs: dict, shape: tuple, dtype, skip: bool):
         self.shape, self.dtype, self.skip = tuple(shape), np.dtype(dtype), skip
@@ -126,6 +141,9 @@ class WorkerPool:
                                  "dtype": self.dtype.str, "malloc": in_force()}).encode()
         self.workers = [_Worker(self._init) for _ in range(n)]
         self.inp = self.out = None
+        self.lane_bytes = self.lane_slots = 0
+        self.jobs: deque[_Job] = deque()   # in flight, in the order submitted
+        self.todo: deque = deque()         # (job, chunk of rows) not yet sent
         self.sel = selectors.DefaultSelector()
         for w in self.workers:
             self.sel.register(w.sock, selectors.EVENT_READ, w)
@@ -134,90 +152,130 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
 
-    def _regions(self, inp: int, slots: int) -> None:
-        """Regions that hold ``inp`` encoded bytes and ``slots`` images, sent to every worker if new."""
-        if self.inp is not None and self.inp.size >= inp and self.out.size >= slots * self.image_bytes:
+    def map(self, encoded, position, sample, epoch) -> tuple[np.ndarray, dict[int, str]]:
+        """Each image preprocessed: ``(images, failed)``, ``failed`` the index and reason of each
+        image that could not be decoded (its row of ``images`` undefined). Raises
+        :class:`WorkerDied` where a worker died (in skip mode: where one died with no image to blame)."""
+        return self.result(self.submit(encoded, position, sample, epoch))
+
+    def submit(self, encoded, position, sample, epoch, tag=None) -> _Job:
+        """Hand a slice's images to the workers and return at once (see :meth:`result`)."""
+        n = len(encoded)
+        lengths = np.fromiter((len(e) for e in encoded), np.int64, n)
+        self._room(int(lengths.sum()), n)
+        busy = {j.lane for j in self.jobs}
+        job = _Job(next(i for i in range(LANES) if i not in busy), n, tag)
+        offsets = job.lane * self.lane_bytes + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        view = memoryview(self.inp.map)
+        for e, o, ln in zip(encoded, offsets.tolist(), lengths.tolist()):
+            view[o:o + ln] = e
+        del view
+        slots = job.lane * self.lane_slots + np.arange(n)
+        rows = np.stack([slots, position, sample, epoch, offsets, lengths], axis=1).astype(np.int64)
+        size = max(1, min(CHUNK, -(-n // (IN_FLIGHT * len(self.workers)))))
+        chunks = np.array_split(rows, -(-n // size)) if n else []
+        job.left = len(chunks)
+        self.todo.extend((job, c) for c in chunks)
+        self.jobs.append(job)
+        self._dispatch()
+        return job
+
+    def result(self, job: _Job) -> tuple[np.ndarray, dict[int, str]]:
+        """The images of ``job`` (the oldest in flight), copied out of its lane, and what failed."""
+        assert self.jobs and self.jobs[0] is job, "results are taken in the order submitted"
+        while job.left:
+            self._step()
+        self.jobs.popleft()
+        broken = {i: why for i, why in job.failed.items() if isinstance(why, tuple)}
+        if broken and not self.skip:
+            i = min(broken)
+            raise FunctionFailed(i, broken[i][1])
+        failed = {i: (f"the preprocessing raised {why[1]}" if isinstance(why, tuple) else why)
+                  for i, why in job.failed.items()}
+        return (job.images if job.images is not None else self._copy_out(job)), failed
+
+    def _copy_out(self, job: _Job) -> np.ndarray:
+        per = int(np.prod(self.shape))
+        start = job.lane * self.lane_slots * per
+        return np.frombuffer(self.out.map, self.dtype, job.n * per, start * self.dtype.itemsize).reshape(
+            (job.n, *self.shape)).copy()
+
+    def _room(self, inp: int, slots: int) -> None:
+        """Lanes that hold ``inp`` encoded bytes and ``slots`` images, sent to every worker if new;
+        slices still in flight finish first, their images copied out of the old regions."""
+        if self.inp is not None and self.lane_bytes >= inp and self.lane_slots >= slots:
+            lanes = [j for j in self.jobs if j.lane >= 0]
+            if len(lanes) >= LANES:  # every lane taken: the oldest slice's images wait, copied out
+                self._park(lanes[0])
             return
+        for job in self.jobs:
+            self._park(job)
         old = (self.inp, self.out)
-        self.inp = _Region("enspipe-encoded", max(2 * inp, 1 << 24))
-        self.out = _Region("enspipe-slots", max(2 * slots, 64) * self.image_bytes)
+        self.lane_bytes = -(-max(2 * inp, 1 << 23) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.lane_slots = max(2 * slots, 32)
+        self.inp = _Region("enspipe-encoded", LANES * self.lane_bytes)
+        self.out = _Region("enspipe-slots", LANES * self.lane_slots * self.image_bytes)
         for w in self.workers:
             self._send_regions(w)
         for r in old:
             if r is not None:
                 r.close()
 
+    def _park(self, job: _Job) -> None:
+        """Finish ``job`` now and keep its images, out of its lane."""
+        while job.left:
+            self._step()
+        if job.images is None:
+            job.images = self._copy_out(job)
+            job.lane = -1  # its lane is free
+
     def _send_regions(self, w: _Worker) -> None:
         msg = b"R" + json.dumps({"input": self.inp.size, "output": self.out.size}).encode()
         socket.send_fds(w.sock, [msg], [self.inp.fd, self.out.fd])
 
-    def map(self, encoded, position, sample, epoch) -> tuple[np.ndarray, dict[int, str]]:
-        """Each image preprocessed: ``(images, failed)``, ``failed`` the index and reason of each
-        image that could not be decoded (its row of ``images`` undefined). Raises
-        :class:`WorkerDied` where a worker died (in skip mode: where one died with no image to blame)."""
-        n = len(encoded)
-        lengths = np.fromiter((len(e) for e in encoded), np.int64, n)
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        self._regions(int(lengths.sum()), n)
-        view = memoryview(self.inp.map)
-        for e, o, ln in zip(encoded, offsets.tolist(), lengths.tolist()):
-            view[o:o + ln] = e
-        del view
-        rows = np.stack([np.arange(n), position, sample, epoch, offsets, lengths], axis=1).astype(np.int64)
-        failed = self._run(rows)
-        broken = {i: why for i, why in failed.items() if isinstance(why, tuple)}
-        if broken and not self.skip:
-            i = min(broken)
-            raise FunctionFailed(i, broken[i][1])
-        failed = {i: (f"the preprocessing raised {why[1]}" if isinstance(why, tuple) else why)
-                  for i, why in failed.items()}
-        images = np.frombuffer(self.out.map, self.dtype, n * int(np.prod(self.shape))).reshape((n, *self.shape))
-        return images.copy(), failed
+    def _dispatch(self) -> None:
+        """Chunks handed out one per worker in turn, each worker holding up to :data:`IN_FLIGHT`."""
+        for depth in range(IN_FLIGHT):
+            for i in range(len(self.workers)):  # by index: a worker that died is replaced in place
+                if self.todo and len(self.workers[i].held) <= depth:
+                    self._send(self.workers[i])
 
-    def _run(self, rows: np.ndarray) -> dict[int, str]:
-        """The rows' images made, in chunks small enough that every worker gets some (at most
-        :data:`CHUNK` images), handed out one per worker in turn, each holding up to
-        :data:`IN_FLIGHT`; returns the failed images' reasons."""
-        size = max(1, min(CHUNK, -(-len(rows) // (IN_FLIGHT * len(self.workers)))))
-        todo = deque(np.array_split(rows, -(-len(rows) // size))) if len(rows) else deque()
-        failed: dict[int, str] = {}
-        while todo or any(w.held for w in self.workers):
-            for depth in range(IN_FLIGHT):
-                for i in range(len(self.workers)):  # by index: a worker that died is replaced in place
-                    if todo and len(self.workers[i].held) <= depth:
-                        self._send(self.workers[i], todo, failed)
-            for key, _ in self.sel.select(timeout=1.0):
-                w = key.data
-                try:
-                    reply = w.sock.recv(1 << 20)
-                except ConnectionResetError:
-                    reply = b""
-                if reply:
-                    self._done(w.held.popleft(), reply, failed)
-                else:
-                    self._died(w, todo, failed)
-        return failed
+    def _step(self) -> None:
+        """Wait for the workers' next answers and take them."""
+        self._dispatch()
+        for key, _ in self.sel.select(timeout=1.0):
+            w = key.data
+            try:
+                reply = w.sock.recv(1 << 20)
+            except ConnectionResetError:
+                reply = b""
+            if reply:
+                self._done(*w.held.popleft(), reply)
+            else:
+                self._died(w)
+        self._dispatch()
 
-    def _send(self, w: _Worker, todo: deque, failed: dict[int, str]) -> None:
-        chunk = todo.popleft()
+    def _send(self, w: _Worker) -> None:
+        job, chunk = self.todo.popleft()
         try:
             w.sock.send(chunk.tobytes())
         except OSError:  # it died since its last answer: the chunk it never had goes back
-            todo.appendleft(chunk)
-            self._died(w, todo, failed)
+            self.todo.appendleft((job, chunk))
+            self._died(w)
             return
-        w.held.append(chunk)
+        w.held.append((job, chunk))
 
-    @staticmethod
-    def _done(chunk: np.ndarray, reply: bytes, failed: dict[int, str]) -> None:
+    def _done(self, job: _Job, chunk: np.ndarray, reply: bytes) -> None:
         (m,) = struct.unpack_from("<q", reply)
         status = reply[8:8 + m]
         why = iter(reply[8 + m:].decode().split("\0"))
+        base = job.lane * self.lane_slots
         for row, bad in zip(chunk, status):
             if bad:  # 2: the function's own exception, not an undecodable image
-                failed[int(row[0])] = next(why) if bad == 1 else ("raised", next(why))
+                job.failed[int(row[0]) - base] = next(why) if bad == 1 else ("raised", next(why))
+        job.left -= 1
 
-    def _died(self, w: _Worker, todo: deque, failed: dict[int, str]) -> None:
+    def _died(self, w: _Worker) -> None:
         """Worker ``w`` ended: fail (naming it and what it held), or, in skip mode, replace it
         and retry what it was working on one image at a time; an image alone when its worker
         died is the culprit."""
@@ -228,13 +286,18 @@ class WorkerPool:
         w.held.clear()
         self._replace(w)
         if not self.skip or working is None:
-            slots = [int(r[0]) for c in ([working] if working is not None else []) for r in c]
-            raise WorkerDied(f"preprocessing worker {pid} {how}", slots)
-        todo.extendleft(reversed(waiting))
-        if len(working) == 1:
-            failed[int(working[0, 0])] = f"the decoder crashed its worker ({how})"
+            job, chunk = working if working is not None else (None, ())
+            base = job.lane * self.lane_slots if job is not None else 0
+            raise WorkerDied(f"preprocessing worker {pid} {how}", [int(r[0]) - base for r in chunk],
+                             job.tag if job is not None else None)
+        self.todo.extendleft(reversed(waiting))
+        job, chunk = working
+        if len(chunk) == 1:
+            job.failed[int(chunk[0, 0]) - job.lane * self.lane_slots] = f"the decoder crashed its worker ({how})"
+            job.left -= 1
         else:
-            todo.extendleft(reversed([working[i:i + 1] for i in range(len(working))]))
+            job.left += len(chunk) - 1
+            self.todo.extendleft(reversed([(job, chunk[i:i + 1]) for i in range(len(chunk))]))
 
     def _replace(self, w: _Worker) -> None:
         fresh = _Worker(self._init)
@@ -251,6 +314,8 @@ class WorkerPool:
                 pass
             w.close()
         self.workers = []
+        self.jobs.clear()
+        self.todo.clear()
         self.sel.close()
         for r in (self.inp, self.out):
             if r is not None:

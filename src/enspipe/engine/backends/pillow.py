@@ -9,6 +9,7 @@ whose images live in this process, the k are threads instead.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,41 +108,82 @@ class PillowEngine:
         except self.errors as e:
             return f"{type(e).__name__}: {e}"
 
-    def _images(self, item: dict) -> tuple[list, dict[int, str]]:
-        args = (item["encoded"], item["position"].tolist(), item["id"].tolist(), item["epoch"].tolist())
-        if self.workers is not None:
-            from enspipe.engine.workers import FunctionFailed, WorkerDied
+    def _submit(self, item: dict):
+        """The slice handed to the worker processes (:meth:`WorkerPool.submit`)."""
+        with self._named(item):
+            return self.workers.submit(item["encoded"], item["position"].tolist(), item["id"].tolist(),
+                                       item["epoch"].tolist(), tag=item)
 
-            try:
-                return self.workers.map(*args)
-            except FunctionFailed as e:
-                i, why = e.args
-                raise DataError(f"{self.name} failed on {item['key'][i].decode()} (stream position "
-                                f"{int(item['position'][i])}): {why}; fix the function") from None
-            except WorkerDied as e:
-                if not e.args[1]:
-                    raise DataError(f"{e.args[0]} while it held no image (out of memory, or a signal from outside "
-                                    "the job?)") from None
-                held = ", ".join(item["key"][i].decode() for i in e.args[1])
-                hint = ("" if self.user else f"; {spelling.option('skip_corrupt', True)} skips and counts an image "
-                        "that crashes the decoder")
-                raise DataError(f"{e.args[0]} while decoding and running {self.name} on {held}{hint}") from None
+    def _collect(self, item: dict, job) -> tuple[list, dict[int, str]]:
+        """The slice's images from the workers."""
+        with self._named(item):
+            return self.workers.result(job)
+
+    @contextmanager
+    def _named(self, item: dict):
+        """A worker's failure, while handing out or collecting ``item``, as a DataError naming the
+        record it held (a slice handed out earlier is named by its tag)."""
+        from enspipe.engine.workers import FunctionFailed, WorkerDied
+
+        try:
+            yield
+        except FunctionFailed as e:
+            i, why = e.args
+            raise DataError(f"{self.name} failed on {item['key'][i].decode()} (stream position "
+                            f"{int(item['position'][i])}): {why}; fix the function") from None
+        except WorkerDied as e:
+            if not e.args[1]:
+                raise DataError(f"{e.args[0]} while it held no image (out of memory, or a signal from outside "
+                                "the job?)") from None
+            held_by = e.args[2] if e.args[2] is not None else item
+            held = ", ".join(held_by["key"][i].decode() for i in e.args[1])
+            hint = ("" if self.user else f"; {spelling.option('skip_corrupt', True)} skips and counts an image "
+                    "that crashes the decoder")
+            raise DataError(f"{e.args[0]} while decoding and running {self.name} on {held}{hint}") from None
+
+    def _images(self, item: dict) -> tuple[list, dict[int, str]]:
+        if self.workers is not None:
+            return self._collect(item, self._submit(item))
+        args = (item["encoded"], item["position"].tolist(), item["id"].tolist(), item["epoch"].tolist())
         out = list(self.pool.map(self._guarded, *args)) if self.pool else [self._guarded(*a) for a in zip(*args)]
         return out, {i: x for i, x in enumerate(out) if isinstance(x, str)}
 
+    def _slice(self, item: dict, made: tuple, since: float) -> tuple:
+        """``(item, images, meta, seconds)``: the images kept (see :func:`kept`) and the seconds
+        since ``since`` that it took."""
+        out, failed = made
+        ok = kept(item, failed, self.skip_corrupt)
+        if isinstance(out, np.ndarray):
+            images = out if ok.all() else out[ok]
+        elif ok.any():
+            images = np.stack([x for x, good in zip(out, ok) if good])
+        else:  # every image of the slice skipped
+            images = np.zeros((0, *self.shape), self.dtype)
+        return item, images, meta_rows(item)[ok], time.perf_counter() - since
+
     def run(self, take):
+        """Each slice ``take()`` gives, preprocessed: ``(item, images, meta, seconds)``. On worker
+        processes, where ``take`` has ``poll()`` (the next slice if one is ready now, else None),
+        the next slice goes to the workers before this one's images are copied out, so they do
+        not wait on the member between slices; ``seconds`` then counts each slice's wait alone."""
+        poll = getattr(take, "poll", None)
+        if self.workers is None or poll is None:
+            while True:
+                item = take()
+                t = time.perf_counter()
+                yield self._slice(item, self._images(item), t)
+        pending = None  # (item, job, when it was handed out)
+        resumed = time.perf_counter()
         while True:
-            item = take()
-            t = time.perf_counter()
-            out, failed = self._images(item)
-            ok = kept(item, failed, self.skip_corrupt)
-            if isinstance(out, np.ndarray):
-                images = out[ok]
-            elif ok.any():
-                images = np.stack([x for x, good in zip(out, ok) if good])
-            else:  # every image of the slice skipped
-                images = np.zeros((0, *self.shape), self.dtype)
-            yield item, images, meta_rows(item)[ok], time.perf_counter() - t
+            item = take() if pending is None else poll()
+            ahead = (item, self._submit(item), time.perf_counter()) if item is not None else None
+            if pending is not None:
+                item0, job, submitted = pending
+                since = max(submitted, resumed)
+                made = self._collect(item0, job)
+                yield self._slice(item0, made, since)
+                resumed = time.perf_counter()
+            pending = ahead
 
     def close(self) -> None:
         if self.pool is not None:
