@@ -155,6 +155,7 @@ def test_memory_stays_within_the_budget_with_a_lagging_consumer(tmp_path, datase
         for r in (_result(*fast), _result(*slow)):
             assert r["epochs"] and all(e["missing"] == 0 for e in r["epochs"]), r
         status = s.stop()
+        assert status["malloc"] == "keep"  # a member's default, in the server and its workers
         assert peak <= status["memory"]["budget_bytes"]
         assert status["total"]["evictions"] > 0 and status["total"]["preprocessed_again"]["evicted"] > 0, status
     finally:

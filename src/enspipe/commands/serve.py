@@ -8,6 +8,7 @@ import os
 
 from enspipe.commands.base import Command, Fail, say
 from enspipe.engine.backends import served
+from enspipe.engine.config import MALLOC_POLICIES
 from enspipe.plan.options import positive_int
 
 
@@ -40,6 +41,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    "mapped by each consumer through CUDA IPC (a built-in --preprocess; --memory is GPU memory)")
     p.add_argument("--device", help="with --backend gpu: the GPU, cuda or cuda:K (default: this rank's on its node); "
                    "cpu runs the same torch ops on the CPU")
+    p.add_argument("--malloc", default="keep", choices=MALLOC_POLICIES, help="keep (the default): malloc reuses "
+                   "freed images' pages, in the server and its workers; system: malloc as the environment set it")
     p.add_argument("--idle-exit", type=float, default=0.0, help="stop once no consumer has been attached for this "
                    "many seconds (0: serve until SIGTERM or Ctrl-C)")
     p.add_argument("--status", action="store_true", help="print the running server's status (SOCKET.status.json) "
@@ -64,7 +67,7 @@ def _serve(a: argparse.Namespace, fail: Fail) -> int:
                             wire_dtype=a.wire_dtype, fast_mode=a.fast_mode, seed=a.seed, workers=a.workers,
                             socket=a.socket.replace("{rank}", str(rank)) if a.socket else None, memory=a.memory,
                             ahead=a.ahead, status_interval=a.status_interval, max_consumers=a.max_consumers,
-                            group=a.group, backend=a.backend, device=a.device)
+                            group=a.group, backend=a.backend, device=a.device, malloc=a.malloc)
     except ConfigError as e:
         fail(str(e))
     if a.workers and rank == 0:

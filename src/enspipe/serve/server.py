@@ -44,8 +44,10 @@ class Server:
         """``comm``: the MPI communicator of a server of several ranks (one per node), which share
         the preprocessing (:mod:`enspipe.serve.mesh`); None for one process."""
         from enspipe.data.pixels import output_spec
+        from enspipe.engine.memory import set_malloc
 
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
+        self.malloc = set_malloc(opts.malloc)  # before the maker starts its workers, which take it
         shape, dtype = output_spec(opts.preprocessing, opts.image_size, opts.wire_dtype)
         self.source = SampleSource(manifest)
         self.maker = SampleMaker(self.source, opts)  # the backend's maker: on the CPU, a worker process per thread

@@ -12,6 +12,7 @@ import os
 import socket
 import time
 
+from enspipe.engine.memory import in_force
 from enspipe.measure import threadcpu
 
 
@@ -97,7 +98,7 @@ class Status:
                  "left_out": list(self.failures)}
         return {"state": state, "pid": os.getpid(), "socket": self.opts.socket, "data": str(self.opts.data),
                 "num_images": self.sched.n, "batch_size": self.opts.batch_size,
-                "backend": self.opts.backend, **({"decodes": self.decodes()} if self.decodes else {}),
+                "backend": self.opts.backend, "malloc": in_force(), **({"decodes": self.decodes()} if self.decodes else {}),
                 "memory": {"budget_bytes": self.opts.memory or self.opts.pool_bytes, "pool_bytes": self.pool_bytes, "pool_on": self.pool_device,
                            "held_bytes": self.sched.occupied() * self.opts.sample_bytes,
                            "cached_bytes": (self.sched.occupied() - self.sched.in_use()) * self.opts.sample_bytes,
