@@ -63,7 +63,7 @@ def attach(target, *, batch_size: int | None = None, image_size: int | None = No
 
 def _denied(path: str, why: str) -> ConfigError:
     owner = _owner(path)
-    return ConfigError("attach", f"permission denied on {path}{owner}: {why}. An attach server is its user's alone "
+    return ConfigError("attach()", f"permission denied on {path}{owner}: {why}. An attach server is its user's alone "
                        "unless that user starts it with --group GROUP", "attach as the server's user, or have it "
                        "started with --group naming a group this user is in (id -Gn lists them)")
 
@@ -90,11 +90,11 @@ def _gpu_pool(path: str, handle: dict | None) -> dict | None:
     try:
         import torch
     except ImportError:
-        raise ConfigError("attach", f"the server on {path} holds its pool on a GPU, and torch is not installed here",
+        raise ConfigError("attach()", f"the server on {path} holds its pool on a GPU, and torch is not installed here",
                           fix) from None
     seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if handle["device"] >= seen:
-        raise ConfigError("attach", f"the server on {path} holds its pool on its GPU {handle['device']}, and this "
+        raise ConfigError("attach()", f"the server on {path} holds its pool on its GPU {handle['device']}, and this "
                           f"process sees {seen} GPUs", fix)
     return handle
 
@@ -123,7 +123,7 @@ class AttachedStream(StreamAdapters):
             raise _denied(path, "its socket is not this user's to connect to") from None
         except OSError as e:
             self._sock.close()
-            raise ConfigError("attach", f"no server answers on {path} ({e.strerror})", "start one on this node: "
+            raise ConfigError("attach()", f"no server answers on {path} ({e.strerror})", "start one on this node: "
                               "enspipe serve --data DIR --batch-size B (its socket: --socket, or the dataset's "
                               "default)") from None
         self._sock.settimeout(self.timeout)
@@ -136,7 +136,7 @@ class AttachedStream(StreamAdapters):
             self._sock.close()
             if info.get("reason") == "permission":
                 raise _denied(path, f"the server refused this user: {info['error']}")
-            raise ConfigError("attach", f"the server on {path} refused this consumer: {info['error']}",
+            raise ConfigError("attach()", f"the server on {path} refused this consumer: {info['error']}",
                               "attach with the server's options (enspipe serve --status shows them), or start a "
                               "server for yours")
         from enspipe.data.ledger import EpochLedger

@@ -24,7 +24,10 @@ def flags() -> bool:
 
 
 def field(name: str) -> str:
-    """An option's name as its caller spells it: ``--wire-dtype`` or ``wire_dtype=``."""
+    """An option's name as its caller spells it: ``--wire-dtype`` or ``wire_dtype=``; a call
+    (``attach()``) as it is."""
+    if name.endswith("()"):
+        return name
     return f"--{name.replace('_', '-')}" if flags() else f"{name}="
 
 
