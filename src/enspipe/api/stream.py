@@ -32,7 +32,6 @@ import atexit
 import math
 import os
 import sys
-import time
 import traceback
 
 import numpy as np
@@ -40,9 +39,6 @@ import numpy as np
 from enspipe.api.adapters import StreamAdapters
 from enspipe.engine.config import StreamConfig
 from enspipe.exchange.transports import TRANSPORTS, WITHOUT_MPI
-
-
-ABORT_GRACE_S = 2.0  # seconds between saying why a member aborts the job and aborting it
 
 
 class StreamClosed(RuntimeError):
@@ -63,7 +59,11 @@ class SharedStream(StreamAdapters):
     * ``malloc``: ``"keep"`` (default) lets this process's malloc reuse freed images' pages
       instead of faulting them in afresh (see :mod:`enspipe.engine.memory`); ``"system"`` leaves it;
     * ``threads``: the preprocessing pool's size (default: this member's fair share of its host's
-      cores);
+      cores, or ``cores``);
+    * ``cores``: pin this member to K cores of its host, as ``enspipe run --cores K`` pins a
+      cell's ranks: the members of a host get distinct cores while it has enough, and share them
+      round-robin (oversubscribed, said on stderr) when not. Default: every core this process may
+      use, shared with the host's other members, and nothing pinned;
     * ``members_per_rank``: K ensemble members in this process (Crossbow's several models per
       accelerator), each trained on every batch: the ensemble has ranks x K members, and this
       rank's are :attr:`local_members`;
@@ -88,8 +88,8 @@ class SharedStream(StreamAdapters):
     """
 
     def __init__(self, data, batch_size: int | None = None, *, comm=None, peer_timeout: float = 30.0,
-                 malloc: str = "keep", threads: int | None = None, log_dir: str | None = None,
-                 members_per_rank: int = 1, drop_last: bool = False, **options):
+                 malloc: str = "keep", threads: int | None = None, cores: int | None = None,
+                 log_dir: str | None = None, members_per_rank: int = 1, drop_last: bool = False, **options):
         from enspipe.exchange.torchcomm import torch_launched
 
         by_torch = comm is None and torch_launched()
@@ -106,7 +106,7 @@ class SharedStream(StreamAdapters):
             if by_torch:
                 options.setdefault("transport", WITHOUT_MPI)
             self.config = StreamConfig(data=data, batch_size=batch_size, **options)
-        _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last)
+        _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last, cores)
         self.drop_last = drop_last
         if by_torch:
             _check_torch_launch(self.config)
@@ -120,7 +120,7 @@ class SharedStream(StreamAdapters):
             make_scheme(self.config.scheme, comm.Get_size(), self.config.preprocessors, self.config.batch_size)
         self._comm, self._closed, self._log_dir = comm, False, log_dir
         _say_left_out(self.manifest, comm)
-        self._start(peer_timeout, malloc, threads, log_dir)
+        self._start(peer_timeout, malloc, threads, cores, log_dir)
         atexit.register(self._at_exit)
 
     # -- what a training script reads ---------------------------------------------------------
@@ -251,44 +251,37 @@ class SharedStream(StreamAdapters):
                         "".join(traceback.format_exception(kind, value, tb)))
 
     # -- internals ----------------------------------------------------------------------------
-    def _start(self, peer_timeout: float, malloc: str, threads: int | None, log_dir: str | None) -> None:
-        from enspipe.common.liveness import Heartbeat
-        from enspipe.data.ledger import EpochLedger
+    def _start(self, peer_timeout: float, malloc: str, threads: int | None, cores: int | None,
+               log_dir: str | None) -> None:
+        """The member set up as a cell's rank is (:class:`enspipe.engine.member.MemberBuilder`)."""
+        from enspipe.api.epochs import EpochBatches
+        from enspipe.engine.member import MemberBuilder
+        from enspipe.exchange.engine import BufferRing
         from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme, node_groups
-        from enspipe.engine.memory import set_malloc
-        from enspipe.engine.pipeline import build_pipeline
-        from enspipe.engine.placement import place
 
-        MPI, comm, cfg = self._MPI, self._comm, self.config
-        self.malloc = set_malloc(malloc)
-        where = place(comm, MPI, None)  # collective: hosts, nodes, the fair share of cores
-        if threads is not None and comm.Get_rank() == 0:
-            from enspipe.engine.placement import warn_oversubscribed
-
-            warn_oversubscribed("threads=", threads)
+        comm, cfg = self._comm, self.config
+        build = MemberBuilder(comm, self._MPI, cores=cores, malloc=malloc)  # collective: hosts, nodes, cores
+        self.malloc, self.placement = build.malloc, build.where
+        self.affinity = build.pin() if cores is not None else sorted(os.sched_getaffinity(0))
+        threads = build.threads(threads, "threads=")
         _agree(comm, cfg)
-        self.device = _exchange_device(cfg, where)
-        nodes = node_groups(comm.allgather(where.mpi_node))
-        self.planned = _plan(cfg, comm, where, len(nodes)) if cfg.scheme == AUTO else None
+        self.device = _exchange_device(cfg, build.where)
+        nodes = node_groups(comm.allgather(build.where.mpi_node))
+        self.planned = _plan(cfg, comm, build.where, len(nodes)) if cfg.scheme == AUTO else None
         scheme, p = (self.planned["scheme"], self.planned["p"]) if self.planned else (cfg.scheme, cfg.preprocessors)
         self.scheme = make_scheme(scheme, comm.Get_size(), p if SCHEME_KINDS[scheme].takes_p else None,
                                   cfg.batch_size, nodes)
-        self.placement = where
         self._control = comm.Dup()  # ending together, apart from the exchange's communicators
-        self._heartbeat = Heartbeat(comm, on_loss=lambda peer, silent: self._abort(
+        self._heartbeat = build.heartbeat(peer_timeout, on_loss=lambda peer, silent: self._abort(
             f"member {self.member}: member {peer} silent for {silent:.0f} s, lost (its process or node died)"),
-            timeout=peer_timeout, on_stall=lambda seconds: self._abort(
+            on_stall=lambda seconds: self._abort(
                 f"member {self.member}: closing took over {seconds:.0f} s with every member alive (each thread's "
-                "stack is in its log)")).start()
+                "stack is in its log)"))
         self._events = _events(log_dir, comm.Get_rank())
-        self._transport, self._pipeline = build_pipeline(comm, self.scheme, self.manifest, self._preprocessing, cfg,
-                                                         threads or where.threads, self._events,
-                                                         device=self.device)
-        self._ledger = EpochLedger(self.manifest.num_images, drops=self.drop_last)
+        self._transport, self._pipeline, self._ledger = build.pipeline(
+            self.scheme, self.manifest, self._preprocessing, cfg, threads, self._events, drop_last=self.drop_last,
+            device=self.device)
         shape, dtype = self.element_spec
-        from enspipe.api.epochs import EpochBatches
-        from enspipe.exchange.engine import BufferRing
-
         ring = BufferRing(2, cfg.batch_size, shape, dtype)  # node-shared batches copied out, batches assembled
         self._epochs = EpochBatches(self._fetch, cfg.batch_size, self.manifest.num_images, ring, self._ledger,
                                     self.drop_last, counted=not cfg.skip_corrupt)
@@ -321,18 +314,10 @@ class SharedStream(StreamAdapters):
 
     def _abort(self, reason: str, tb: str = "") -> None:
         """Say why (on stderr, and in ``log_dir`` when there is one), then end the whole job."""
-        said = f"enspipe: error: {reason}; aborting the job so that no member waits for this one"
-        print(said + ("\n" + tb if tb else ""), file=sys.stderr, flush=True)
-        if self._log_dir is not None:
-            try:
-                with open(os.path.join(self._log_dir, f"error.rank{self._comm.Get_rank():04d}.txt"), "w") as f:
-                    f.write(said + "\n\n" + tb)
-            except OSError:
-                pass
-        # MPI_Abort tears the job down at once: give the launcher time to pass on what was just said
-        # (without it the message was lost behind the job's end under a loaded CI machine)
-        time.sleep(ABORT_GRACE_S)
-        self._comm.Abort(1)
+        from enspipe.engine.member import fail_job
+
+        fail_job(self._comm, f"enspipe: error: {reason}; aborting the job so that no member waits for this one",
+                 directory=self._log_dir, rank=self._comm.Get_rank(), tb=tb, echo_tb=True)
 
     def _at_exit(self) -> None:
         if not self._closed:
@@ -437,7 +422,7 @@ def _check_keywords(options: dict) -> None:
 
     from enspipe.plan.errors import unknown_keywords
 
-    own = ("comm", "peer_timeout", "malloc", "threads", "log_dir", "members_per_rank", "drop_last")
+    own = ("comm", "peer_timeout", "malloc", "threads", "cores", "log_dir", "members_per_rank", "drop_last")
     known = {f.name for f in dataclasses.fields(StreamConfig)} - {"data", "batch_size"} | set(own)
     unknown_keywords(options, known, "SharedStream", DATALOADER_NAMES)
 
@@ -447,14 +432,15 @@ DATALOADER_NAMES = {"num_workers": "threads", "shuffle": "shuffle_buffer", "tran
                     "transforms": "preprocess", "prefetch_factor": "queue_depth", "num_replicas": "comm"}
 
 
-def _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last=False) -> None:
+def _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last=False, cores=None) -> None:
     from enspipe.plan.errors import require
 
     require(isinstance(peer_timeout, (int, float)) and math.isfinite(peer_timeout) and peer_timeout > 0,
             "peer_timeout", f"must be a positive number of seconds, got {peer_timeout!r}", "pass e.g. 30")
     require(malloc in ("keep", "system"), "malloc", f"unknown policy {malloc!r}", "choose keep or system")
-    require(threads is None or (isinstance(threads, int) and threads >= 1), "threads",
-            f"must be a positive integer, got {threads!r}", "pass threads=K, or leave it out")
+    for name, value in (("threads", threads), ("cores", cores)):
+        require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1), name,
+                f"must be a positive integer, got {value!r}", f"pass {name}=K, or leave it out")
     require(isinstance(members_per_rank, int) and members_per_rank >= 1, "members_per_rank",
             f"must be a positive integer, got {members_per_rank!r}", "pass K >= 1 members per process")
     require(isinstance(drop_last, bool), "drop_last", f"must be True or False, got {drop_last!r}",

@@ -4,7 +4,6 @@ fast, for the whole job, when any of it breaks."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from enspipe.common import keys, phases
@@ -21,20 +20,22 @@ from enspipe.run.summary import FAILED_SUMMARY, SUMMARY, say
 
 def setup(cfg: RunConfig, comm, scheme, progress: dict) -> Job:
     """Place and pin this rank, start the node monitor and the heartbeat, clear an earlier run's
-    results, and build the transport, the pipeline, the consumer and the member."""
+    results, and build the transport, the pipeline, the consumer and the member (the steps of
+    :class:`enspipe.engine.member.MemberBuilder`, as a library member takes them)."""
     from enspipe.common.events import EventLog
 
     rank = comm.Get_rank()
-    where, scheme, monitor, affinity, malloc = _placed(cfg, comm)
-    heartbeat = _heartbeat(cfg, comm, progress)  # after TensorFlow's import holds the GIL
+    build, scheme, monitor = _placed(cfg, comm)
+    heartbeat = _heartbeat(cfg, comm, build, progress)  # after TensorFlow's import holds the GIL
     _clear_earlier_results(cfg, comm)
     events = EventLog(cfg.out, rank)
     preprocessing = cfg.preprocessing
     manifest = _manifest(cfg)
+    where, affinity, malloc = build.where, build.affinity, build.malloc
     _log_start(cfg, comm, scheme, where, events, affinity, malloc, preprocessing, manifest)
-    transport, pipeline = _delivery(cfg, comm, scheme, manifest, preprocessing, where, events)
+    transport, pipeline, ledger = _delivery(cfg, comm, build, scheme, manifest, preprocessing, events)
     consumer = _consumer(cfg, comm, transport, manifest, preprocessing, events)
-    member = _member(cfg, comm, pipeline, consumer, manifest, preprocessing, events, progress)
+    member = _member(cfg, comm, pipeline, consumer, ledger, manifest, preprocessing, events, progress)
     started = time.time()
     phases.mark("pipeline_built")
     if monitor:
@@ -44,41 +45,38 @@ def setup(cfg: RunConfig, comm, scheme, progress: dict) -> Job:
 
 
 def _placed(cfg: RunConfig, comm):
-    """This rank's placement and the scheme on its node layout; the node monitor started (each
-    host's first rank, before pinning), the process pinned, malloc set and TensorFlow's pools
-    sized. Returns ``(where, scheme, monitor, affinity, malloc)``."""
+    """This rank set up up to its pipeline: malloc set, placed, the scheme on its node layout,
+    the node monitor started (each host's first rank, before pinning), the process pinned and
+    TensorFlow's pools sized. Returns ``(builder, scheme, monitor)``."""
     from mpi4py import MPI
 
     from enspipe.common.tfimport import import_tensorflow
-    from enspipe.engine.affinity import configure_tensorflow_threads, pin_process
-    from enspipe.engine.memory import set_malloc
-    from enspipe.engine.placement import place
+    from enspipe.engine.affinity import configure_tensorflow_threads
+    from enspipe.engine.member import MemberBuilder
 
-    where = place(comm, MPI, cfg.measure.cores)
+    build = MemberBuilder(comm, MPI, cores=cfg.measure.cores, malloc=cfg.stream.malloc)  # before TensorFlow allocates
+    where = build.where
     phases.mark("placement")
     # the plan again, now that the node layout is known (validated already, on one node)
     scheme = make_scheme(cfg.stream.scheme, comm.Get_size(), cfg.stream.preprocessors, cfg.global_batch,
                          node_groups(comm.allgather(where.mpi_node)))
     os.makedirs(cfg.out, exist_ok=True)
     monitor = start_node_monitor(cfg, where.host) if where.host_rank == 0 else None  # before pinning
-    affinity = pin_process(where.cores)
-    malloc = set_malloc(cfg.stream.malloc)  # before TensorFlow allocates
+    build.pin()
     if cfg.needs_tensorflow:
         import_tensorflow(trains=cfg.training.consumer == "train")  # after the pools' sizes are known
         configure_tensorflow_threads(where.threads, waiting=cfg.gradient_spec.waiting_threads)
     phases.mark("tensorflow")
-    return where, scheme, monitor, affinity, malloc
+    return build, scheme, monitor
 
 
-def _heartbeat(cfg: RunConfig, comm, progress: dict):
-    from enspipe.common.liveness import Heartbeat
-
+def _heartbeat(cfg: RunConfig, comm, build, progress: dict):
     rank = comm.Get_rank()
-    return Heartbeat(comm, on_loss=lambda peer, silent: fail(
+    return build.heartbeat(cfg.faults.peer_timeout, on_loss=lambda peer, silent: fail(
         cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
-        timeout=cfg.faults.peer_timeout, on_stall=lambda seconds: fail(
+        on_stall=lambda seconds: fail(
             cfg, comm, progress, f"rank {rank}: the cell's last barrier and the heartbeat's end took over {seconds:.0f} s "
-            "with every rank alive (each thread's stack is in the log above)")).start()
+            "with every rank alive (each thread's stack is in the log above)"))
 
 
 def _clear_earlier_results(cfg: RunConfig, comm) -> None:
@@ -131,15 +129,18 @@ def _exchange_note(cfg: RunConfig) -> str:
     return f" gradients: {spec.label()}"
 
 
-def _delivery(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where, events):
-    """``(transport, pipeline)``: enspipe's scheme, or the peer, TensorFlow's tf.data service."""
+def _delivery(cfg: RunConfig, comm, build, scheme, manifest, preprocessing: str, events):
+    """``(transport, pipeline, ledger)``: enspipe's scheme, or the peer, TensorFlow's tf.data service."""
     if not scheme.service:
-        return enspipe_pipeline(cfg, comm, scheme, manifest, preprocessing, where, events)
+        data_parallel = [tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1]
+        return build.pipeline(scheme, manifest, preprocessing, cfg.stream_config(), build.where.threads, events,
+                              steps=cfg.measure.steps, reduce_groups=data_parallel)
+    from enspipe.data.ledger import EpochLedger
     from enspipe.run.service import ServicePipeline, TfDataService
 
-    transport = TfDataService(comm, scheme, cfg, manifest, preprocessing, where.threads, events)
+    transport = TfDataService(comm, scheme, cfg, manifest, preprocessing, build.where.threads, events)
     return transport, ServicePipeline(transport, comm.Get_rank(), cfg.stream.queue_depth,
-                                      cfg.measure.sample_interval, events)
+                                      cfg.measure.sample_interval, events), EpochLedger(manifest.num_images)
 
 
 def _consumer(cfg: RunConfig, comm, transport, manifest, preprocessing: str, events):
@@ -160,14 +161,15 @@ def _consumer(cfg: RunConfig, comm, transport, manifest, preprocessing: str, eve
                           gradient_sum=gradient_sum)
 
 
-def _member(cfg: RunConfig, comm, pipeline, consumer, manifest, preprocessing: str, events, progress: dict) -> Member:
+def _member(cfg: RunConfig, comm, pipeline, consumer, ledger, manifest, preprocessing: str, events,
+            progress: dict) -> Member:
     """The consumer side that steps the cell; with --member-epochs its accelerators idle once it
     has trained them, and its epoch ends validate and checkpoint."""
-    from enspipe.data.ledger import DeliveryCounter, EpochLedger
+    from enspipe.data.ledger import DeliveryCounter
 
     rank = comm.Get_rank()
     epochs = cfg.epochs_for(cfg.member_of(rank))
-    return Member(cfg, rank, pipeline, consumer, EpochLedger(manifest.num_images),
+    return Member(cfg, rank, pipeline, consumer, ledger,
                   DeliveryCounter(manifest.num_images), events, progress,
                   until=None if epochs is None else epochs * manifest.num_images // cfg.global_batch,
                   life=life(cfg, comm, consumer, preprocessing, manifest.num_images) if epochs else None)
@@ -198,28 +200,11 @@ def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) 
                 cfg.lives.min_delta, epoch_images)
 
 
-def enspipe_pipeline(cfg: RunConfig, comm, scheme, manifest, preprocessing: str, where, events):
-    """The transport and the staged pipeline of one of enspipe's schemes."""
-    from enspipe.engine.pipeline import build_pipeline
-
-    data_parallel = [tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1]
-    return build_pipeline(comm, scheme, manifest, preprocessing, cfg.stream_config(), where.threads, events,
-                          steps=cfg.measure.steps, reduce_groups=data_parallel)
-
-
 def fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> None:
-    """Leave why next to the event logs and end the whole job: ``error.rankNNNN.txt`` (with the
-    traceback) and ``failed.rankNNNN.json`` (where the rank got to), then ``MPI_Abort``."""
-    from enspipe.common.atomic import write_json_atomic
+    """Leave why next to the event logs and end the whole job
+    (:func:`enspipe.engine.member.fail_job`): ``error.rankNNNN.txt`` (with the traceback) and
+    ``failed.rankNNNN.json`` (where the rank got to), then ``MPI_Abort``."""
+    from enspipe.engine.member import fail_job
 
-    rank = progress["rank"]
-    print(f"enspipe: error: {reason}", file=sys.stderr, flush=True)
-    try:
-        os.makedirs(cfg.out, exist_ok=True)
-        with open(os.path.join(cfg.out, f"error.rank{rank:04d}.txt"), "w") as f:
-            f.write(reason + "\n\n" + tb)
-        write_json_atomic(os.path.join(cfg.out, f"failed.rank{rank:04d}.json"),
-                          {**progress, "reason": reason, "time": time.time(), "config": cfg.to_dict()})
-    except OSError:
-        pass
-    comm.Abort(1)
+    record = {**progress, "reason": reason, "time": time.time(), "config": cfg.to_dict()}
+    fail_job(comm, f"enspipe: error: {reason}", directory=cfg.out, rank=progress["rank"], tb=tb, record=record)
