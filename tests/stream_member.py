@@ -128,7 +128,7 @@ def _kept_rows(stream, steps: int, pause: float = 0) -> dict:
             "scheme": stream.scheme.name, "planned": stream.planned}
 
 
-MEMBER_OPTIONS = ("comm", "peer_timeout", "malloc", "threads", "log_dir", "members_per_rank", "drop_last")
+MEMBER_OPTIONS = ("comm", "peer_timeout", "malloc", "threads", "cores", "log_dir", "members_per_rank", "drop_last")
 
 
 def case(case_mode: str, out: str, options: dict) -> None:
@@ -172,6 +172,7 @@ def case(case_mode: str, out: str, options: dict) -> None:
             info = _framework_rows(stream, case_mode, layout, epochs)
         else:
             info = _kept_rows(stream, steps, pause)
+    info["affinity"] = stream.affinity
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"member{stream.member}.json"), "w") as f:
         json.dump(info, f)

@@ -55,6 +55,8 @@ def test_the_public_names_are_documented_and_import_lazily():
     ({"data": "/nonexistent/enspipe-data"}, "data"),
     ({"peer_timeout": 0}, "peer_timeout"),
     ({"threads": 0}, "threads"),
+    ({"cores": 0}, "cores"),
+    ({"cores": True}, "cores"),
     ({"scheme": "auto"}, "calibration"),
     ({"calibration": "rates.json"}, "calibration"),
 ])
@@ -122,7 +124,7 @@ def two_members(request, dataset, tmp_path_factory) -> dict:
                                                                steps=CHECKSUM_STEPS)) for c in delivered}
     if delivered:  # the first also as SharedStream(StreamConfig(...)): the same stream
         first = next(iter(sums.values()))
-        sums["sums-config"] = (first[0], {**first[1], "as_config": True})
+        sums["sums-config"] = (first[0], {**first[1], "as_config": True, "cores": 1})  # pinned as cells are
     out = tmp_path_factory.mktemp("two_members")
     r, res = member_cases(2, out, kept | sums)
     res["job"] = r
@@ -167,7 +169,12 @@ def test_the_library_delivers_the_batches_enspipe_run_does(two_members, scheme, 
         assert [x["first"] for x in res[rank]["rows"]] == step_values(out, rank, "batch_checksum")[:CHECKSUM_STEPS]
     first = next(k for k in two_members if k.startswith("sums-") and k != "sums-config")
     if first == f"sums-{scheme}-{p}":
-        assert [m["rows"] for m in two_members["sums-config"]] == [m["rows"] for m in res]
+        pinned = two_members["sums-config"]
+        assert [m["rows"] for m in pinned] == [m["rows"] for m in res]
+        # cores=1: each member on one core of its own while the host has two (shared where it has one)
+        cores = [m["affinity"] for m in pinned]
+        assert all(len(c) == 1 for c in cores), cores
+        assert len({c[0] for c in cores}) == min(2, len(os.sched_getaffinity(0))), cores
 
 
 @pytest.mark.mpi
