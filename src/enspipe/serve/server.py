@@ -351,5 +351,5 @@ class Server:
             done.append(slot)
             keep.append(i)
             meta.append((sid, label))
-        self.pool.put(done, images[keep], meta)
+        self.pool.put(done, images if len(keep) == len(chunk) else images[keep], meta)  # no copy when all made
         return done, failed
