@@ -51,7 +51,7 @@ if part rates; then
   echo "gpu_rates: exit $? in $(took)"
 fi
 if part scaling; then
-  timeout "${SCALING_SECONDS:-150}" "$PY" benchmarks/scaling.py --backends pillow --preprocess inception,standard \
+  timeout "${SCALING_SECONDS:-150}" "$PY" benchmarks/scaling.py --paths engine --backends pillow --preprocess inception,standard \
     --repeats 1 --images-per-core 256 --json "$OUT/scaling.json" ${SCALING_ARGS:-}
   echo "scaling: exit $? in $(took)"
 fi

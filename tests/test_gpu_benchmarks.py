@@ -29,7 +29,7 @@ def test_the_gpu_recipe_runs_without_a_gpu_and_labels_its_device(tmp_path):
     assert "scaling: exit 0" in r.stdout and "gpu_checks: exit 0" in r.stdout  # (skipped here: no CUDA)
     assert "feed: exit 0" in r.stdout
     scaling = json.loads((out / "scaling.json").read_text())
-    assert [(row["backend"], row["cores"]) for row in scaling] == [("pillow", 1)]
+    assert [(row["path"], row["backend"], row["cores"]) for row in scaling] == [("engine", "pillow", 1)]
     assert scaling[0]["runs"][0]["images"] > 0 and scaling[0]["runs"][0]["cpu"] > 0
     rates = json.loads((out / "gpu_rates.json").read_text())
     enspipe_rc = [row for row in rates["rc"] if row["implementation"] == "enspipe torch.nn"]
