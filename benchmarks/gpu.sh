@@ -16,7 +16,7 @@
 # They go into the node's own Python environment (its MPICH's mpiexec beside its python3), and
 # enspipe runs from src/. Each part has its own time limit, so a part that fails or overruns
 # leaves the others' results. Writes $OUT/feed.json, $OUT/gpu_rates.json, $OUT/scaling.json (one member's pillow
-# engine at 1, 2, 4, ... cores), $OUT/gpu_cells.json, the NVML and
+# engine, cell, stream and server at 1, 2, 4, ... cores), $OUT/gpu_cells.json, the NVML and
 # nvidia-smi logs and every cell's summary (summaries.tar.gz); the log goes to stdout.
 set -u
 OUT=${OUT:?set OUT to the folder for the results}
@@ -51,8 +51,8 @@ if part rates; then
   echo "gpu_rates: exit $? in $(took)"
 fi
 if part scaling; then
-  timeout "${SCALING_SECONDS:-150}" "$PY" benchmarks/scaling.py --paths engine --backends pillow --preprocess inception,standard \
-    --repeats 1 --images-per-core 256 --json "$OUT/scaling.json" ${SCALING_ARGS:-}
+  timeout "${SCALING_SECONDS:-300}" "$PY" benchmarks/scaling.py --paths engine,cell,stream,serve --backends pillow \
+    --preprocess inception --repeats 1 --images-per-core 1024 --json "$OUT/scaling.json" ${SCALING_ARGS:-}
   echo "scaling: exit $? in $(took)"
 fi
 if part cells; then

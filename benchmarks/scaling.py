@@ -46,6 +46,7 @@ BATCH = 32
 WARMUP = 10  # batches before a stream's or a server's window
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
+ENSPIPE = [sys.executable, "-m", "enspipe"]  # installed or from src/ on PYTHONPATH (benchmarks/gpu.sh)
 PATHS = ("engine", "cell", "stream", "serve")
 
 
@@ -124,7 +125,7 @@ def stream(c: dict) -> dict:
 def cell(c: dict) -> dict:
     """``enspipe run`` pinned to the first k cores: its summary's window."""
     out = tempfile.mkdtemp(prefix="scaling-cell-")
-    cmd = [os.path.join(BIN, "mpiexec"), "-n", "1", os.path.join(BIN, "enspipe"), "run", "--data", c["data"],
+    cmd = [os.path.join(BIN, "mpiexec"), "-n", "1", *ENSPIPE, "run", "--data", c["data"],
            "--backend", c["backend"], "--preprocess", c["preprocess"], "--image-size", str(c["size"]),
            "--wire-dtype", c["wire_dtype"], "--scheme", "baseline", "--consumer", "peak", "--batch-size", str(BATCH),
            "--steps", str(-(-c["images"] // BATCH)), "--cores", str(len(c["cores"])), "--out", out]
@@ -146,7 +147,7 @@ def serve(c: dict) -> dict:
     from enspipe import attach
 
     sock = os.path.join(tempfile.mkdtemp(prefix="scaling-serve-"), "s.sock")
-    cmd = [os.path.join(BIN, "enspipe"), "serve", "--data", c["data"], "--batch-size", str(BATCH), "--preprocess",
+    cmd = [*ENSPIPE, "serve", "--data", c["data"], "--batch-size", str(BATCH), "--preprocess",
            c["preprocess"], "--image-size", str(c["size"]), "--wire-dtype", c["wire_dtype"], "--workers",
            str(c["threads"]), "--socket", sock, "--backend", c["backend"], "--max-consumers", "1"]
     server = subprocess.Popen(["taskset", "-c", ",".join(map(str, c["cores"])), *cmd], stdout=subprocess.DEVNULL,

@@ -18,7 +18,7 @@ def test_the_gpu_recipe_runs_without_a_gpu_and_labels_its_device(tmp_path):
     env = dict(os.environ, OUT=str(out), TMPDIR=str(tmp_path),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
                RATES_ARGS="--steps 1 --warmup 0 --repeats 1 --batch-scale 0.02 --cores 1 --seconds 0.3 --images 8",
-               SCALING_ARGS="--cores 1 --images-per-core 8 --preprocess inception",
+               SCALING_ARGS="--paths engine --cores 1 --images-per-core 8",
                CELLS_OUT=str(tmp_path / "cells"), CELLS_ARGS="--skip peak --n 2 --cores 1 --repeats 1 --steps 1 "
                                                              "--warmup 0 --images 16 --batch-size 4 --network tiny",
                FEED_ARGS="--device cpu --ns 2 --extra= --network tiny --image-size 32 --batch-size 8 "
