@@ -79,7 +79,6 @@ class _Slices:
         return self.left.pop(0) if self.left else None
 
 
-
 def _drain(engine, take) -> list:
     out, it = [], engine.run(take)
     try:

@@ -37,7 +37,7 @@ import traceback
 import numpy as np
 
 from enspipe.api.adapters import StreamAdapters
-from enspipe.engine.config import StreamConfig
+from enspipe.engine.config import MALLOC_POLICIES, StreamConfig
 from enspipe.exchange.transports import TRANSPORTS, WITHOUT_MPI
 
 
@@ -437,7 +437,7 @@ def _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_
 
     require(isinstance(peer_timeout, (int, float)) and math.isfinite(peer_timeout) and peer_timeout > 0,
             "peer_timeout", f"must be a positive number of seconds, got {peer_timeout!r}", "pass e.g. 30")
-    require(malloc in ("keep", "system"), "malloc", f"unknown policy {malloc!r}", "choose keep or system")
+    require(malloc in MALLOC_POLICIES, "malloc", f"unknown policy {malloc!r}", f"choose {' or '.join(MALLOC_POLICIES)}")
     for name, value in (("threads", threads), ("cores", cores)):
         require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1), name,
                 f"must be a positive integer, got {value!r}", f"pass {name}=K, or leave it out")

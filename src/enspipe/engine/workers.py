@@ -170,7 +170,7 @@ class WorkerPool:
         for e, o, ln in zip(encoded, offsets.tolist(), lengths.tolist()):
             view[o:o + ln] = e
         del view
-        slots = job.lane * self.lane_slots + np.arange(n)
+        slots = self._first_slot(job) + np.arange(n)
         rows = np.stack([slots, position, sample, epoch, offsets, lengths], axis=1).astype(np.int64)
         size = max(1, min(CHUNK, -(-n // (IN_FLIGHT * len(self.workers)))))
         chunks = np.array_split(rows, -(-n // size)) if n else []
@@ -194,9 +194,13 @@ class WorkerPool:
                   for i, why in job.failed.items()}
         return (job.images if job.images is not None else self._copy_out(job)), failed
 
+    def _first_slot(self, job: _Job) -> int:
+        """The output region's slot of ``job``'s first image (its lane's first)."""
+        return job.lane * self.lane_slots
+
     def _copy_out(self, job: _Job) -> np.ndarray:
         per = int(np.prod(self.shape))
-        start = job.lane * self.lane_slots * per
+        start = self._first_slot(job) * per
         return np.frombuffer(self.out.map, self.dtype, job.n * per, start * self.dtype.itemsize).reshape(
             (job.n, *self.shape)).copy()
 
@@ -269,7 +273,7 @@ class WorkerPool:
         (m,) = struct.unpack_from("<q", reply)
         status = reply[8:8 + m]
         why = iter(reply[8 + m:].decode().split("\0"))
-        base = job.lane * self.lane_slots
+        base = self._first_slot(job)
         for row, bad in zip(chunk, status):
             if bad:  # 2: the function's own exception, not an undecodable image
                 job.failed[int(row[0]) - base] = next(why) if bad == 1 else ("raised", next(why))
@@ -287,13 +291,13 @@ class WorkerPool:
         self._replace(w)
         if not self.skip or working is None:
             job, chunk = working if working is not None else (None, ())
-            base = job.lane * self.lane_slots if job is not None else 0
+            base = self._first_slot(job) if job is not None else 0
             raise WorkerDied(f"preprocessing worker {pid} {how}", [int(r[0]) - base for r in chunk],
                              job.tag if job is not None else None)
         self.todo.extendleft(reversed(waiting))
         job, chunk = working
         if len(chunk) == 1:
-            job.failed[int(chunk[0, 0]) - job.lane * self.lane_slots] = f"the decoder crashed its worker ({how})"
+            job.failed[int(chunk[0, 0]) - self._first_slot(job)] = f"the decoder crashed its worker ({how})"
             job.left -= 1
         else:
             job.left += len(chunk) - 1

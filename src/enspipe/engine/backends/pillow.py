@@ -9,9 +9,9 @@ whose images live in this process, the k are threads instead.
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 
