@@ -172,17 +172,19 @@ def serve(c: dict) -> dict:
             time.sleep(0.05)
         mine = os.sched_getaffinity(0)
         os.sched_setaffinity(0, c["cores"])  # the consumer on the server's cores, as a stream's member is
-        s = attach(sock, timeout=120)
-        take = s.next_batch
-        for _ in range(WARMUP):
-            take()
-        n = -(-c["images"] // BATCH)
-        t, cpu0 = time.perf_counter(), cpu()
-        for _ in range(n):
-            take()
-        seconds, used = time.perf_counter() - t, cpu() - cpu0
-        s.close()
-        os.sched_setaffinity(0, mine)
+        try:
+            s = attach(sock, timeout=120)
+            take = s.next_batch
+            for _ in range(WARMUP):
+                take()
+            n = -(-c["images"] // BATCH)
+            t, cpu0 = time.perf_counter(), cpu()
+            for _ in range(n):
+                take()
+            seconds, used = time.perf_counter() - t, cpu() - cpu0
+            s.close()
+        finally:
+            os.sched_setaffinity(0, mine)
         return {"seconds": seconds, "cpu": used, "images": n * BATCH}
     finally:
         server.send_signal(signal.SIGTERM)
@@ -193,13 +195,14 @@ def serve(c: dict) -> dict:
             server.wait()
 
 
-RUNS = {"engine": engine, "stream": stream}  # in a pinned process of their own; cell and serve pin theirs
+RUNS = {"engine": engine, "stream": stream}  # in a pinned process of their own (--one)
+LAUNCHES = {"cell": cell, "serve": serve}    # from here: they pin the processes they start
 
 
 def one(case: dict) -> dict:
     """A fresh process, pinned to ``cores``, measuring ``case``."""
-    if case["path"] in ("cell", "serve"):
-        return (cell if case["path"] == "cell" else serve)(case)
+    if case["path"] in LAUNCHES:
+        return LAUNCHES[case["path"]](case)
     cmd = [sys.executable, __file__, "--one", json.dumps(case)]
     r = subprocess.run(["taskset", "-c", ",".join(map(str, case["cores"])), *cmd], capture_output=True, text=True,
                        timeout=1800)
@@ -219,6 +222,11 @@ def run(base: dict, path: str, k: int, ceiling: bool, cpus: list[int]) -> dict:
     outs = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
     return {"seconds": max(o["seconds"] for o in outs), "cpu": sum(o["cpu"] for o in outs),
             "images": sum(o["images"] for o in outs)}
+
+
+def rates(rs: list[dict]) -> list[float]:
+    """Each measurement's images per second."""
+    return [r["images"] / r["seconds"] for r in rs]
 
 
 def dataset(n: int) -> str:
@@ -287,10 +295,10 @@ def report(runs: dict, backends: list[str], a, paths: list[str], ks: list[int], 
                 one_core = runs[(b, p, path, ks[0], False)] if ks[0] == 1 else None
                 for k in ks:
                     rs = runs[(b, p, path, k, False)]
-                    rate = [r["images"] / r["seconds"] for r in rs]
-                    scale = spread([x / (o["images"] / o["seconds"]) for x, o in zip(rate, one_core)]) if one_core else ""
+                    rate = rates(rs)
+                    scale = spread([x / o for x, o in zip(rate, rates(one_core))]) if one_core else ""
                     ceil = runs.get((b, p, "ceiling", k, True))
-                    ceil_rate = [r["images"] / r["seconds"] for r in ceil] if ceil else None
+                    ceil_rate = rates(ceil) if ceil else None
                     of = spread([x / c for x, c in zip(rate, ceil_rate)]) if ceil_rate else ""
                     note = " oversubscribed" if any(r.get("oversubscribed") for r in rs) else ""
                     print(f"{b:<8}{p:<11}{path:<8}{k:>6}{spread(rate, digits=0):>22}"
@@ -300,7 +308,7 @@ def report(runs: dict, backends: list[str], a, paths: list[str], ks: list[int], 
                 ceil = runs.get((b, p, "ceiling", k, True))
                 if ceil:
                     print(f"{b:<8}{p:<11}{'ceiling':<8}{k:>6}"
-                          f"{spread([r['images'] / r['seconds'] for r in ceil], digits=0):>22}"
+                          f"{spread(rates(ceil), digits=0):>22}"
                           f"{spread([r['cpu'] / r['images'] for r in ceil], 1000):>20}")
 
 
