@@ -89,7 +89,7 @@ def attach_arm(a, tmp: str, starts: list[float], steps_ms: list[float], ranks: i
     sock = os.path.join(tmp, "s-{rank}.sock")
     socks = [sock.replace("{rank}", str(r)) for r in range(ranks)]
     cmd = [sys.executable, "-m", "enspipe", "serve", *map(str, ["--data", a.data, "--batch-size", a.batch,
-           "--image-size", a.size, "--socket", sock, "--memory", a.memory, "--status-interval", 60])]
+           "--image-size", a.size, "--socket", sock, "--memory", a.memory, "--status-interval", 60, "--wire-dtype", "uint8"])]
     server = subprocess.Popen([MPIEXEC, "-n", str(ranks), *cmd] if ranks > 1 else cmd, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     from enspipe.serve.wire import live_server

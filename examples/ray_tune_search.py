@@ -32,7 +32,8 @@ def trainable(config: dict) -> None:
     import enspipe
 
     torch.set_num_threads(1)
-    stream = enspipe.attach(config["data"], name=f"trial-{tune.get_context().get_trial_id()}")
+    stream = enspipe.attach(config["data"], wire_dtype="float32",  # inception's [-1, 1]; a uint8 server is refused
+                            name=f"trial-{tune.get_context().get_trial_id()}")
     try:
         torch.manual_seed(config["seed"])
         w = config["width"]
@@ -44,7 +45,7 @@ def trainable(config: dict) -> None:
         for epoch in range(config["epochs"]):
             total, batches = 0.0, 0
             for images, labels in stream.torch(layout="channels_last"):
-                loss = torch.nn.functional.cross_entropy(model(images.float() / 127.5 - 1.0), labels)
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()

@@ -143,7 +143,7 @@ def test_memory_stays_within_the_budget_with_a_lagging_consumer(tmp_path, datase
     """A pool of 3 batches per consumer and then some; one consumer ten times slower: the fast one
     evicts what the slow one waited for, which is made again for it (counted), and both still get
     exact epochs."""
-    s = ServerProcess(tmp_path, dataset, "--ahead", "0", batch=4, memory=str(32 * 32 * 3 * 28))
+    s = ServerProcess(tmp_path, dataset, "--ahead", "0", batch=4, memory=str(32 * 32 * 3 * 4 * 28))
     try:
         slow = _consumer(s, tmp_path, dataset, "slow", epochs=1, pause=0.2)
         _wait_for(lambda: any(c["name"] == "slow" for c in s.status()["consumers"]), what="the slow one attached")
@@ -239,6 +239,32 @@ def test_an_attached_stream_as_torch_tensors_and_jax_arrays(server, dataset):
         assert [e["missing"] for e in s.epochs()] == [0, 0]
 
 
+def test_the_servers_options_are_the_streams_samples_with_the_same_defaults_and_checks(tmp_path):
+    """ServeOptions and StreamConfig are both a SampleConfig: every sample field has one default,
+    and a bad value is refused by both, naming the same field with the same problem."""
+    import dataclasses
+
+    from enspipe import ConfigError, StreamConfig
+    from enspipe.engine.config import SampleConfig
+    from enspipe.serve.wire import ServeOptions
+
+    shared = {f.name: f.default for f in dataclasses.fields(SampleConfig)}
+    assert {"data", "batch_size", "preprocess", "image_size", "seed", "wire_dtype", "fast_mode", "backend"} <= set(shared)
+    for cls in (StreamConfig, ServeOptions):
+        assert {f.name: f.default for f in dataclasses.fields(cls) if f.name in shared} == shared, cls
+    assert ServeOptions(data=str(tmp_path), batch_size=8).wire_dtype == "float32"  # as SharedStream delivers
+    for bad in ({"data": ""}, {"batch_size": 0}, {"image_size": True}, {"seed": 1.5}, {"wire_dtype": "float16"},
+                {"fast_mode": "yes"}):
+        refusals = []
+        for cls in (StreamConfig, ServeOptions):
+            with pytest.raises(ConfigError) as e:
+                cls(**{"data": str(tmp_path), "batch_size": 8, **bad})
+            refusals.append((e.value.field, e.value.problem))
+        assert refusals[0] == refusals[1] and refusals[0][0] == next(iter(bad)), refusals
+    with pytest.raises(ConfigError, match=r"unknown backend 'tf'; choose one of auto, pillow, gpu"):
+        ServeOptions(data=str(tmp_path), batch_size=8, backend="tf")  # a row that does not serve
+
+
 def test_serve_sizes_its_default_pool_for_its_consumers_and_says_how(tmp_path, dataset):
     """No --memory: the pool holds what 8 consumers need (each batch x (2 + ahead)), said at start
     with how to change it; --workers above the cores this process may use is said in one line."""
@@ -250,7 +276,7 @@ def test_serve_sizes_its_default_pool_for_its_consumers_and_says_how(tmp_path, d
     r = cli("serve", "--data", dataset, "--batch-size", 8, "--image-size", 32, "--socket", str(tmp_path / "d.sock"),
             "--idle-exit", "0.5", "--workers", cores + 1)
     assert r.returncode == 0, r.stderr
-    assert ("pool 256 samples of 3072 bytes (0.8 MiB; sized for 8 consumers, each batch_size x (2 + ahead) = 32 "
+    assert ("pool 256 samples of 12288 bytes (3.0 MiB; sized for 8 consumers, each batch_size x (2 + ahead) = 32 "
             "samples): room for 8 consumers at once; --memory SIZE or --max-consumers N sizes it") in r.stdout, r.stdout
     assert f"--workers {cores + 1} is more than the {cores} cores this process may use" in r.stderr, r.stderr
     r = cli("serve", "--data", dataset, "--batch-size", 8, "--image-size", 32, "--socket", str(tmp_path / "e.sock"),

@@ -124,8 +124,8 @@ def test_one_consumer_too_many_is_told_the_limit_that_applies_and_its_fix(tmp_pa
             again.next_batch()
     finally:
         by_option.stop()
-    # ahead 0: each consumer needs 2 x 8 samples; 24 samples' budget holds one
-    by_memory = ServerProcess(tmp_path, dataset, "--ahead", "0", memory=str(24 * 32 * 32 * 3),
+    # ahead 0: each consumer needs 2 x 8 samples; 24 float32 samples' budget holds one
+    by_memory = ServerProcess(tmp_path, dataset, "--ahead", "0", memory=str(24 * 32 * 32 * 3 * 4),
                               sock=str(tmp_path / "b.sock"))
     try:
         with enspipe.attach(by_memory.sock):

@@ -6,42 +6,51 @@ import argparse
 import json
 import os
 
+import dataclasses
+
 from enspipe.commands.base import Command, Fail, say
-from enspipe.engine.backends import served
-from enspipe.engine.config import MALLOC_POLICIES
+from enspipe.engine.backends import AUTO, served
+from enspipe.engine.config import MALLOC_POLICIES, WIRE_DTYPES
+from enspipe.plan.errors import ConfigError
 from enspipe.plan.options import positive_int
+from enspipe.serve.wire import ServeOptions, default_socket
+
+DEFAULT = {f.name: f.default for f in dataclasses.fields(ServeOptions)}  # the options' defaults, as ServeOptions has them
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="the dataset directory (TFRecord shards or image class folders, with a manifest)")
     p.add_argument("--batch-size", type=positive_int, help="samples per batch, for every consumer")
-    p.add_argument("--image-size", type=positive_int, default=224)
-    p.add_argument("--preprocess", default="inception", help="inception or vgg (Slim's training preprocessing), "
+    p.add_argument("--image-size", type=positive_int, default=DEFAULT["image_size"])
+    p.add_argument("--preprocess", default=DEFAULT["preprocess"], help="inception or vgg (Slim's training preprocessing), "
                    "standard or standard-jitter (torchvision's), in Pillow and numpy; or your own augmentation, "
                    "package.module:name (a torchvision v2 or kornia pipeline, or a function of one decoded "
                    "image; seeded per sample): every trial that asks for the same name shares it")
-    p.add_argument("--wire-dtype", default="uint8", help="uint8 (a quarter of float32's memory) or float32")
+    p.add_argument("--wire-dtype", default=DEFAULT["wire_dtype"], choices=WIRE_DTYPES, help="float32 (the "
+                   "preprocessing's values, as SharedStream delivers them) or uint8 (quantised over the built-in's "
+                   "range: a quarter of the memory, four times the samples in the same --memory)")
     p.add_argument("--fast-mode", action="store_true", help="Slim's fast mode")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=DEFAULT["seed"])
     p.add_argument("--workers", type=positive_int, help="preprocessing threads (default: this host's cores)")
     p.add_argument("--socket", help="the server's Unix socket (default: one per dataset and user in "
                    "$XDG_RUNTIME_DIR or the temporary directory; enspipe.attach(DATA) finds it); under mpiexec "
                    "or srun, {rank} in it is the rank's number")
     p.add_argument("--memory", default=None, help="the pool's budget: every preprocessed sample held counts "
                    "(default: what --max-consumers consumers need, for at most 8: each batch x (2 + ahead) samples)")
-    p.add_argument("--ahead", type=int, default=2, help="batches made ahead for each consumer")
-    p.add_argument("--status-interval", type=float, default=2.0, help="seconds between status updates (each a "
+    p.add_argument("--ahead", type=int, default=DEFAULT["ahead"], help="batches made ahead for each consumer")
+    p.add_argument("--status-interval", type=float, default=DEFAULT["status_interval"], help="seconds between status updates (each a "
                    "window of rates)")
-    p.add_argument("--max-consumers", type=positive_int, default=64, help="consumers attached at once (the pool "
+    p.add_argument("--max-consumers", type=positive_int, default=DEFAULT["max_consumers"], help="consumers attached at once (the pool "
                    "must also hold batch_size x (2 + ahead) samples for each)")
     p.add_argument("--group", help="let this group's members attach (socket 0660, pool and status 0640 of that "
                    "group); default: the server's user alone (0600, whatever the umask)")
-    p.add_argument("--backend", default=served()[0], choices=served(), help="pillow: worker processes on the "
+    p.add_argument("--backend", default=DEFAULT["backend"], choices=(AUTO, *served()), help="auto (the default): "
+                   f"{served()[0]}; pillow: worker processes on the "
                    "CPU, the pool in /dev/shm; gpu: nvJPEG and torch ops on the GPU, the pool's images in its memory, "
                    "mapped by each consumer through CUDA IPC (a built-in --preprocess; --memory is GPU memory)")
     p.add_argument("--device", help="with --backend gpu: the GPU, cuda or cuda:K (default: this rank's on its node); "
                    "cpu runs the same torch ops on the CPU")
-    p.add_argument("--malloc", default="keep", choices=MALLOC_POLICIES, help="keep (the default): malloc reuses "
+    p.add_argument("--malloc", default=DEFAULT["malloc"], choices=MALLOC_POLICIES, help="keep (the default): malloc reuses "
                    "freed images' pages, in the server and its workers; system: malloc as the environment set it")
     p.add_argument("--idle-exit", type=float, default=0.0, help="stop once no consumer has been attached for this "
                    "many seconds (0: serve until SIGTERM or Ctrl-C)")
@@ -50,9 +59,6 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(a: argparse.Namespace, fail: Fail) -> int:
-    from enspipe.plan.errors import ConfigError
-    from enspipe.serve.wire import ServeOptions, default_socket
-
     if a.status:
         if a.socket is None and a.data is None:
             fail("--status: pass --socket PATH or --data DIR (whose server's status to print)")

@@ -1,7 +1,8 @@
-"""The shared stream's configuration: what the members read, how they preprocess it and how they
-share the work. One frozen record, validated when it is made (:class:`StreamConfig`); the checks
-against the files and the machine are a separate, explicit step (:meth:`StreamConfig.check`),
-made before any collective.
+"""What the samples are (:class:`SampleConfig`), and the shared stream's configuration built on it
+(:class:`StreamConfig`): what the members read, how they preprocess it and how they share the
+work. Frozen records, validated when made; the checks against the files and the machine are a
+separate, explicit step (:meth:`StreamConfig.check`), made before any collective. The attach
+server's options (:class:`enspipe.serve.wire.ServeOptions`) are a :class:`SampleConfig` too.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import importlib.util
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Callable
 
 from enspipe.engine.backends import AUTO as AUTO_BACKEND, BACKENDS, IMPLEMENTATIONS, resolve
@@ -28,8 +29,68 @@ LIBRARY_SCHEMES = (*(k for k, kind in SCHEME_KINDS.items() if not kind.service),
 
 
 @dataclass(frozen=True)
-class StreamConfig:
-    """How every member's stream is made and shared.
+class SampleConfig:
+    """What each sample is and how a batch of them is made, wherever it is made: the fields that
+    :class:`StreamConfig` (members sharing a stream) and the attach server's options
+    (:class:`enspipe.serve.wire.ServeOptions`) both hold, with one set of defaults and checks.
+
+    ``data``: the dataset directory; ``batch_size``: samples per batch; ``preprocess``: a built-in's
+    name (:data:`BUILTIN_PREPROCESSING`) or the user's own (each path says which forms it takes);
+    ``image_size``: the output's side in pixels; ``seed``: the order's and the augmentation's;
+    ``wire_dtype``: ``float32`` (the preprocessing's values, the default) or ``uint8`` (a built-in's
+    values quantised over its output range: a quarter of the bytes and memory); ``fast_mode``:
+    Slim's fast mode; ``backend``: a row of :data:`enspipe.engine.backends.BACKENDS`, or ``auto``
+    (each path resolves it: :class:`StreamConfig` to ``tf`` where TensorFlow is installed, else
+    ``pillow``; the server to the first backend that serves).
+    """
+
+    data: str
+    batch_size: int
+    _: KW_ONLY
+    preprocess: str | Callable = "inception"
+    image_size: int = 224
+    seed: int = 0
+    wire_dtype: str = "float32"
+    fast_mode: bool = False
+    backend: str = AUTO_BACKEND
+
+    def __post_init__(self) -> None:
+        self._check_samples()
+
+    def _check_samples(self) -> None:
+        """The checks every path makes of these fields, before its own."""
+        require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
+                "pass data=DIR: TFRecord shards or image class folders with a manifest (enspipe make-dataset or "
+                "enspipe index makes one)")
+        for name in ("batch_size", "image_size"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
+                    f"must be a positive integer, got {value!r}", f"pass {name}=N with N >= 1")
+        require(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed",
+                f"must be an integer, got {self.seed!r}", "pass seed=N")
+        require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
+                f"choose one of {', '.join(WIRE_DTYPES)}")
+        require(isinstance(self.fast_mode, bool), "fast_mode", f"must be True or False, got {self.fast_mode!r}",
+                "pass fast_mode=True for Slim's fast mode")
+        names = self.backend_names()
+        require(self.backend in (AUTO_BACKEND, *names), "backend", f"unknown backend {self.backend!r}",
+                f"choose one of {AUTO_BACKEND}, {', '.join(names)}")
+
+    @classmethod
+    def backend_names(cls) -> tuple[str, ...]:
+        """The backends this path makes samples with: every row of the table."""
+        return tuple(BACKENDS)
+
+    @property
+    def backend_row(self):
+        """The backend's row of :data:`enspipe.engine.backends.BACKENDS` (``auto`` resolved)."""
+        return BACKENDS[self.backend]
+
+
+@dataclass(frozen=True)
+class StreamConfig(SampleConfig):
+    """How every member's stream is made and shared: its samples (the :class:`SampleConfig`
+    fields, keywords after ``data`` and ``batch_size``) and how the members share their making.
 
     Example::
 
@@ -75,38 +136,29 @@ class StreamConfig:
     over gloo.
     """
 
-    data: str
-    batch_size: int
     scheme: str = "all_shared"
     preprocessors: int | None = None
-    preprocess: str | Callable = "inception"
-    image_size: int = 224
-    seed: int = 0
     shuffle_buffer: int = 1024
     queue_depth: int = 4
     block_images: int = 32
     node_shm: bool = True
     transport: str = DEFAULT_TRANSPORT
-    wire_dtype: str = "float32"
-    fast_mode: bool = False
     skip_corrupt: bool = False
     sample_interval: float = 0.1
     calibration: str | None = None
     network: str | None = None
     accelerator_rate: float | None = None
     plan_comm: str | None = None
-    backend: str = "auto"
     preprocess_impl: str = "crop-first"
     decode_cache: int | str = 0
     device: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_samples()
         self._check_backend()
         self._check_device()
         self._check_decode_cache()
-        require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
-                "pass data=DIR: Slim TFRecord shards or JPEG class folders (enspipe make-dataset makes one)")
-        for name in ("batch_size", "image_size", "queue_depth", "block_images"):
+        for name in ("queue_depth", "block_images"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, name, f"must be a positive integer, got {value!r}",
                     f"pass {name}=N with N >= 1")
@@ -118,8 +170,6 @@ class StreamConfig:
                 "preprocessors", f"must be >= 1, got {self.preprocessors!r}", "pass P >= 1, or leave it out")
         require(self.transport in TRANSPORTS, "transport", f"unknown transport {self.transport!r}",
                 f"choose one of {', '.join(TRANSPORTS)}")
-        require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
-                f"choose one of {', '.join(WIRE_DTYPES)}")
         kind = TRANSPORTS[self.transport]
         others = " or ".join(repr(name) for name, t in TRANSPORTS.items() if t.node_shm_optional)
         require(kind.node_shm_optional or self.node_shm, "node_shm", f"the {self.transport} transport has no "
@@ -155,8 +205,6 @@ class StreamConfig:
 
     def _check_backend(self) -> None:
         """Resolve ``auto`` and check that the backend can run here with these options."""
-        require(self.backend in (AUTO_BACKEND, *BACKENDS), "backend", f"unknown backend {self.backend!r}",
-                f"choose one of {AUTO_BACKEND}, {', '.join(BACKENDS)}")
         has_tf = tensorflow_installed()
         if self.backend == AUTO_BACKEND:  # (a torch module, torchvision's or kornia's pipeline, runs on decoded arrays)
             from enspipe.data.transforms import is_torch_pipeline
@@ -226,11 +274,6 @@ class StreamConfig:
             index = int(self.device.partition(":")[2] or 0)
             require(index < torch.cuda.device_count(), "device", f"{self.device}: this process sees "
                     f"{torch.cuda.device_count()} GPUs", "pass 'cuda' (the member's own, by its rank on the node)")
-
-    @property
-    def backend_row(self):
-        """The backend's row of :data:`enspipe.engine.backends.BACKENDS` (``auto`` resolved)."""
-        return BACKENDS[self.backend]
 
     @property
     def user_preprocess(self) -> bool:

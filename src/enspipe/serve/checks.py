@@ -46,12 +46,12 @@ def prepare(opts: ServeOptions, say):
         opts.load_transform(m)
     problem = opts.slots_problem()
     require(problem is None, "memory", f"{problem}", "pass a larger --memory, or a smaller --batch-size")
-    if opts.row.on_gpu:
+    if opts.backend_row.on_gpu:
         _check_gpu(opts)
     free = shm_free_bytes()
     in_shm = opts.slots * 16 if opts.on_gpu else opts.pool_bytes  # a GPU pool's rows alone are in /dev/shm
     require(free is None or in_shm <= free, "memory", f"{in_shm} bytes asked, /dev/shm has {free} free",
-            "pass a smaller --memory, or free /dev/shm")
+            "pass a smaller --memory (with --wire-dtype uint8 a sample takes a quarter of the bytes), or free /dev/shm")
     claim_socket(opts.socket, say)
     return m
 
@@ -77,4 +77,4 @@ def _check_gpu(opts: ServeOptions) -> None:
             f"process sees {torch.cuda.device_count()} GPUs", "pass a GPU it sees, or leave --device out")
     free, _ = torch.cuda.mem_get_info(device)
     require(opts.pool_bytes <= free, "memory", f"the pool of {opts.slots} samples ({opts.pool_bytes} bytes) does not "
-            f"fit on {device}, which has {free} bytes free", "pass a smaller --memory, or free the GPU")
+            f"fit on {device}, which has {free} bytes free", "pass a smaller --memory (or --wire-dtype uint8: a quarter of the bytes), or free the GPU")

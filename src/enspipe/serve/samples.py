@@ -209,7 +209,7 @@ class SampleMaker:
 
     def __init__(self, source: SampleSource, opts):
         self.source = source
-        self.backend = opts.row.engine_module().maker(opts.prep_spec(source.m))
+        self.backend = opts.backend_row.engine_module().maker(opts.prep_spec(source.m))
         self.device = getattr(self.backend, "device", None)  # where its images are (None: host memory)
 
     @property

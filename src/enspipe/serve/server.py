@@ -59,14 +59,14 @@ class Server:
         self.wakers: dict[int, threading.Condition] = {}  # a consumer's own, on the same lock
         # the samples per task and the threads, as the backend's row has them: on the GPU a batch's chunk in one
         # call, two in flight; on the CPU a few samples per task on every core
-        self.chunk = opts.row.serve_chunk or opts.batch_size
-        threads = opts.workers or opts.row.serve_threads or len(os.sched_getaffinity(0))
+        self.chunk = opts.backend_row.serve_chunk or opts.batch_size
+        threads = opts.workers or opts.backend_row.serve_threads or len(os.sched_getaffinity(0))
         self.workers = ThreadPoolExecutor(threads, thread_name_prefix="enspipe-serve")
         self.positions = itertools.count()
         self.ids = itertools.count()
         self.stopping = threading.Event()
         self.status = Status(self.sched, opts, self.pool.bytes)
-        if opts.row.on_gpu:
+        if opts.backend_row.on_gpu:
             self.status.decodes = lambda: self.maker.decodes
             self.status.pool_device = str(device) if device is not None else "host"
         self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}

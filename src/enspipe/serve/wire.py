@@ -22,7 +22,8 @@ from enspipe.common.plugins import FUNCTION_NAME
 from enspipe.engine.backends import BACKENDS, served
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
-from enspipe.engine.config import BUILTIN_PREPROCESSING, MALLOC_POLICIES, WIRE_DTYPES
+from enspipe.engine.backends import AUTO as AUTO_BACKEND
+from enspipe.engine.config import BUILTIN_PREPROCESSING, MALLOC_POLICIES, SampleConfig
 
 PREPROCESSING = BUILTIN_PREPROCESSING  # the built-ins, the pillow backend's
 HEADER = struct.Struct("!I")
@@ -68,27 +69,34 @@ DEFAULT_CONSUMERS = 8  # consumers the pool holds when no --memory is given
 
 
 @dataclass(frozen=True)
-class ServeOptions:
-    """One attach server's stream: what it reads and makes, and what it may hold.
+class ServeOptions(SampleConfig):
+    """One attach server's stream: its samples (a :class:`~enspipe.engine.config.SampleConfig`:
+    the same fields, defaults and checks as a :class:`~enspipe.StreamConfig`'s, keywords after
+    ``data`` and ``batch_size``) and what the server may hold.
 
     Example::
 
         ServeOptions(data="data/train", batch_size=64, image_size=224, memory="2GB")
 
-    ``memory``: the pool's budget (bytes or a size such as ``"2GB"``), every preprocessed sample
-    held for a consumer counted (None, the default: what ``max_consumers`` consumers need, for at
-    most :data:`DEFAULT_CONSUMERS` of them: each ``batch_size x (2 + ahead)`` samples); ``ahead``:
-    batches made ahead for each consumer; ``workers``: preprocessing threads (default: this host's cores); ``status_interval``: seconds between the
-    status file's updates (``SOCKET.status.json``), each a window of the rates it shows;
-    ``max_consumers``: consumers attached at once; ``malloc``: the server's and its workers' malloc
-    policy, a member's (:mod:`enspipe.engine.memory`: ``keep`` reuses freed images' pages; with
-    ``system``, one worker serving 224 px float32 inception images on this project's 2-vCPU VM
-    spent 2.9-3.1 ms of CPU per image against 1.6-1.8 with ``keep``, at about half the rate).
-
+    ``preprocess``: a built-in's name, or the user's augmentation named ``package.module:function``
+    (a torchvision v2 or kornia pipeline, or a function of one decoded image, seeded per sample).
     ``backend``: ``pillow`` (worker processes on the CPU; the pool in /dev/shm) or ``gpu`` (nvJPEG
     and torch ops on ``device``, default the GPU of this process's local rank; the pool's images
-    in that GPU's memory, mapped by every consumer through CUDA IPC, ``memory`` counting them).
-    ``device="cpu"`` runs the gpu backend's ops on CPU tensors into a /dev/shm pool.
+    in that GPU's memory, mapped by every consumer through CUDA IPC, ``memory`` counting them);
+    ``auto`` (the default): the first backend that serves (pillow). ``device="cpu"`` runs the gpu
+    backend's ops on CPU tensors into a /dev/shm pool.
+
+    ``memory``: the pool's budget (bytes or a size such as ``"2GB"``), every preprocessed sample
+    held for a consumer counted (None, the default: what ``max_consumers`` consumers need, for at
+    most :data:`DEFAULT_CONSUMERS` of them: each ``batch_size x (2 + ahead)`` samples;
+    ``wire_dtype="uint8"`` holds four times as many in the same bytes); ``ahead``: batches made
+    ahead for each consumer; ``workers``: preprocessing threads (default: this host's cores);
+    ``status_interval``: seconds between the status file's updates (``SOCKET.status.json``), each
+    a window of the rates it shows; ``max_consumers``: consumers attached at once; ``malloc``: the
+    server's and its workers' malloc policy, a member's (:mod:`enspipe.engine.memory`: ``keep``
+    reuses freed images' pages; with ``system``, one worker serving 224 px float32 inception images
+    on this project's 2-vCPU VM spent 2.9-3.1 ms of CPU per image against 1.6-1.8 with ``keep``, at
+    about half the rate).
 
     Access: the socket, the pool and the status file are the server's user's alone (modes 0600,
     whatever the umask), and the server refuses a peer of another user. ``group`` (a group name
@@ -96,13 +104,6 @@ class ServeOptions:
     status 0640, all of that group.
     """
 
-    data: str
-    batch_size: int
-    image_size: int = 224
-    preprocess: str = "inception"
-    wire_dtype: str = "uint8"
-    fast_mode: bool = False
-    seed: int = 0
     workers: int | None = None
     socket: str | None = None
     memory: int | str | None = None
@@ -110,19 +111,19 @@ class ServeOptions:
     status_interval: float = 2.0
     max_consumers: int = 64
     group: str | int | None = None
-    backend: str | None = None  # None: the first the table serves with (pillow)
     device: str | None = None
     malloc: str = "keep"
 
     def __post_init__(self) -> None:
+        self._check_samples()
+        if self.backend == AUTO_BACKEND:
+            object.__setattr__(self, "backend", served()[0])
         try:
             if self.memory is not None:
                 object.__setattr__(self, "memory", parse_size(self.memory))
         except ValueError as e:
             raise ConfigError("memory", str(e), "pass e.g. memory='2GB'") from None
-        require(isinstance(self.data, (str, os.PathLike)) and bool(str(self.data)), "data", "no dataset given",
-                "pass data=DIR: TFRecord shards or image class folders with a manifest (enspipe index)")
-        for name in ("batch_size", "image_size", "ahead", "max_consumers"):
+        for name in ("ahead", "max_consumers"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= (0 if name == "ahead" else 1), name,
                     f"must be a positive integer, got {value!r}", f"pass {name}=N")
@@ -133,22 +134,16 @@ class ServeOptions:
                 "your own augmentation package.module:function (see enspipe.data.transforms)")
         object.__setattr__(self, "_transform", None)
         names = served()
-        if self.backend is None:
-            object.__setattr__(self, "backend", names[0])
-        require(self.backend in names, "backend", f"unknown backend {self.backend!r}",
-                f"choose one of {', '.join(names)}")
         arrays = next(name for name in names if BACKENDS[name].runs_user_arrays)
         gpu = next(name for name in names if BACKENDS[name].on_gpu)
-        require(self.row.runs_user_arrays or not self.own_preprocess, "preprocess", f"the {self.backend} backend runs "
-                f"its own preprocessings, not {self.preprocess}",
+        require(self.backend_row.runs_user_arrays or not self.own_preprocess, "preprocess", f"the {self.backend} "
+                f"backend runs its own preprocessings, not {self.preprocess}",
                 f"pass a built-in --preprocess, or --backend {arrays} for your augmentation")
         fix = f"pass --backend {gpu} with --device cuda, cuda:K or cpu, or leave --device out"
-        require(self.device is None or self.row.on_gpu, "device", f"the {self.backend} backend makes its samples on "
-                f"the CPU into host memory, not on {self.device!r}", fix)
+        require(self.device is None or self.backend_row.on_gpu, "device", f"the {self.backend} backend makes its "
+                f"samples on the CPU into host memory, not on {self.device!r}", fix)
         require(self.device is None or bool(re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device))), "device",
                 f"{self.device!r} is not a device the {self.backend} backend serves from", fix)
-        require(self.wire_dtype in WIRE_DTYPES, "wire_dtype", f"unknown wire dtype {self.wire_dtype!r}",
-                f"choose one of {', '.join(WIRE_DTYPES)}")
         require(self.malloc in MALLOC_POLICIES, "malloc", f"unknown malloc policy {self.malloc!r}",
                 f"choose one of {', '.join(MALLOC_POLICIES)}")
         require(self.status_interval > 0, "status_interval", f"must be > 0, got {self.status_interval!r}",
@@ -160,10 +155,10 @@ class ServeOptions:
         if self.group is not None:
             _check_group(self.group)
 
-    @property
-    def row(self):
-        """The backend's row of :data:`enspipe.engine.backends.BACKENDS`."""
-        return BACKENDS[self.backend]
+    @classmethod
+    def backend_names(cls) -> tuple[str, ...]:
+        """The backends that serve (:func:`enspipe.engine.backends.served`)."""
+        return served()
 
     @property
     def gid(self) -> int | None:
@@ -208,7 +203,7 @@ class ServeOptions:
     @property
     def on_gpu(self) -> bool:
         """Whether the samples are made, and the pool held, on a GPU."""
-        return self.row.on_gpu and self.device != "cpu"
+        return self.backend_row.on_gpu and self.device != "cpu"
 
     def prep_spec(self, manifest):
         """The backend's spec of the samples this server makes (each on its own, seeded by its
