@@ -146,3 +146,97 @@ def test_no_two_files_import_each_other_in_a_circle():
 def test_the_circle_check_finds_a_circle():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+# what a module keeps inside its functions rather than import at its top: frameworks that take seconds
+# or start something (MPI_Init) when imported, protobuf, and the optional image libraries
+HEAVY = {"tensorflow", "torch", "torchvision", "jax", "mpi4py", "horovod", "ray", "optuna", "lightning", "kornia",
+         "cv2", "PIL", "matplotlib", "seaborn", "pandas", "scipy", "snakemake", "nvidia", "spdl", "simplejpeg", "google"}
+# processes that start often and should import only what they use: the command line parsing its
+# arguments, a trial's attach() and each pillow worker process
+LEAN = ("enspipe.cli", "enspipe.api.attach", "enspipe.engine.worker")
+
+
+def _top_level(src):
+    """Every module's imports made when it is imported (its body, its classes' and its try/if
+    blocks', not TYPE_CHECKING's): the package modules (with their parent packages) and the
+    other top-level packages."""
+    import ast
+
+    modules = {".".join(("enspipe", *p.relative_to(src).with_suffix("").parts)).removesuffix(".__init__"): p
+               for p in src.rglob("*.py")}
+    edges, outside = {m: set() for m in modules}, {m: set() for m in modules}
+
+    def walk(m, body):
+        for n in body:
+            if isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
+                walk(m, n.body + n.orelse)
+            elif isinstance(n, ast.Try):
+                walk(m, n.body + [s for h in n.handlers for s in h.body] + n.orelse + n.finalbody)
+            elif isinstance(n, ast.ClassDef):
+                walk(m, n.body)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "__future__":
+                for t in _targets(n, modules):
+                    (edges if t.startswith("enspipe") else outside)[m].add(t if t.startswith("enspipe")
+                                                                            else t.split(".")[0])
+
+    for m, path in modules.items():
+        walk(m, ast.parse(path.read_text()).body)
+        parts = m.split(".")
+        edges[m] |= {".".join(parts[:i]) for i in range(1, len(parts))}
+    for m in edges:
+        edges[m] = {p for t in edges[m] for p in _with_parents(t) if p in modules and p != m}
+    return modules, edges, outside
+
+
+def _targets(node, modules) -> list[str]:
+    import ast
+
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names]
+
+
+def _with_parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _reach(edges, start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for t in edges[todo.pop()] - seen:
+            seen.add(t)
+            todo.append(t)
+    return seen
+
+
+def test_an_import_inside_a_function_is_there_for_a_reason():
+    """An enspipe import inside a function (outside cli.py and commands/, which import a command's
+    work when it runs) is optional (under a try or an if), or of a module whose import brings a
+    heavy framework (:data:`HEAVY`) that its importer's does not, or of modules that one of the
+    :data:`LEAN` processes would then import without using them. Any other goes at the top of its
+    file."""
+    import ast
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "src" / "enspipe"
+    modules, edges, outside = _top_level(src)
+    heavy = {m: {h for r in _reach(edges, m) for h in outside[r] & HEAVY} for m in modules}
+    lean = [_reach(edges, e) for e in LEAN]
+    movable = []
+    for m, path in modules.items():
+        if m in ("enspipe", "enspipe.cli") or m.startswith("enspipe.commands"):
+            continue
+        for f in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in f.body:  # (one under a try or an if is not in the body itself)
+                if not isinstance(n, (ast.Import, ast.ImportFrom)) or not (getattr(n, "module", None) or
+                                                                            n.names[0].name).startswith("enspipe"):
+                    continue
+                brought = set().union(*(_reach(edges, t) for t in _targets(n, modules) if t in modules))
+                if heavy[m] >= {h for r in brought for h in outside[r] & HEAVY} and all(
+                        m not in closure or brought <= closure for closure in lean):
+                    movable.append(f"{path.relative_to(src)}:{n.lineno} {ast.unparse(n)}")
+    assert not movable, movable

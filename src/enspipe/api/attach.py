@@ -32,7 +32,7 @@ import numpy as np
 
 from enspipe.api.adapters import StreamAdapters
 from enspipe.api.stream import _host, _is_tensor
-from enspipe.plan.errors import ConfigError
+from enspipe.plan.errors import ConfigError, unknown_keywords
 from enspipe.serve import wire
 
 
@@ -48,8 +48,6 @@ def attach(target, *, batch_size: int | None = None, image_size: int | None = No
     consumer in the server's status; ``timeout``: seconds to wait for a batch from a server that
     does not answer (one that has ended is noticed at once).
     """
-    from enspipe.plan.errors import unknown_keywords
-
     unknown_keywords(unknown, ("batch_size", "image_size", "preprocess", "wire_dtype", "seed", "data", "name",
                                "timeout"), "attach", {"num_workers": "name", "transform": "preprocess"})
     target = os.fspath(target)

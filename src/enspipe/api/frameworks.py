@@ -14,6 +14,8 @@ import importlib
 
 import numpy as np
 
+from enspipe.plan.errors import require
+
 LAYOUTS = ("NHWC", "NCHW", "channels_last")
 
 
@@ -56,8 +58,6 @@ class TorchBatches:
     """
 
     def __init__(self, stream, layout: str | None = None, device=None):
-        from enspipe.plan.errors import require
-
         require(layout is None or layout in LAYOUTS, "layout", f"unknown layout {layout!r}",
                 f"choose one of {', '.join(LAYOUTS)}, or leave it out (the samples' own)")
         self.sample_layout = stream.sample_layout

@@ -39,6 +39,8 @@ import numpy as np
 from enspipe.api.adapters import StreamAdapters
 from enspipe.engine.config import MALLOC_POLICIES, StreamConfig
 from enspipe.exchange.transports import TRANSPORTS, WITHOUT_MPI
+from enspipe.plan.errors import ConfigError, require, unknown_keywords
+from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme, node_groups
 
 
 class StreamClosed(RuntimeError):
@@ -112,7 +114,6 @@ class SharedStream(StreamAdapters):
             _check_torch_launch(self.config)
         self.members_per_rank = members_per_rank
         self.manifest, self._preprocessing = self.config.check()  # files and user code: before any collective
-        from enspipe.plan.schemes import AUTO, make_scheme
 
         comm = (_torch_world() if by_torch else _world()) if comm is None else comm
         self._MPI = _module_of(comm)
@@ -257,7 +258,6 @@ class SharedStream(StreamAdapters):
         from enspipe.api.epochs import EpochBatches
         from enspipe.engine.member import MemberBuilder
         from enspipe.exchange.engine import BufferRing
-        from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme, node_groups
 
         comm, cfg = self._comm, self.config
         build = MemberBuilder(comm, self._MPI, cores=cores, malloc=malloc)  # collective: hosts, nodes, cores
@@ -372,7 +372,6 @@ def _agree(comm, cfg: StreamConfig) -> None:
     """Every member preprocesses with one backend and preprocessing, and exchanges over one transport
     (collective, at the first exchange; the same verdict on every rank)."""
     from enspipe.data.transforms import name_of
-    from enspipe.plan.errors import ConfigError
 
     pre = cfg.preprocess if isinstance(cfg.preprocess, str) else name_of(cfg.preprocess)
     mine = {"backend": cfg.backend, "transport": cfg.transport, "preprocess": pre}
@@ -387,8 +386,6 @@ def _agree(comm, cfg: StreamConfig) -> None:
 
 def _check_torch_launch(cfg: StreamConfig) -> None:
     """A member that torchrun launched has no MPI world: the torch transport, no MPI-only option."""
-    from enspipe.plan.errors import require
-
     require(not TRANSPORTS[cfg.transport].mpi_world, "transport", f"torchrun launched this member, so there is no "
             f"MPI world for the {cfg.transport} transport", f"leave transport out ({WITHOUT_MPI}), or launch with "
             "mpiexec or srun")
@@ -420,8 +417,6 @@ def _check_keywords(options: dict) -> None:
     ConfigError listing them, with the nearest (a ``DataLoader``'s names mapped to ours)."""
     import dataclasses
 
-    from enspipe.plan.errors import unknown_keywords
-
     own = ("comm", "peer_timeout", "malloc", "threads", "cores", "log_dir", "members_per_rank", "drop_last")
     known = {f.name for f in dataclasses.fields(StreamConfig)} - {"data", "batch_size"} | set(own)
     unknown_keywords(options, known, "SharedStream", DATALOADER_NAMES)
@@ -433,8 +428,6 @@ DATALOADER_NAMES = {"num_workers": "threads", "shuffle": "shuffle_buffer", "tran
 
 
 def _check_member_options(peer_timeout, malloc, threads, members_per_rank, drop_last=False, cores=None) -> None:
-    from enspipe.plan.errors import require
-
     require(isinstance(peer_timeout, (int, float)) and math.isfinite(peer_timeout) and peer_timeout > 0,
             "peer_timeout", f"must be a positive number of seconds, got {peer_timeout!r}", "pass e.g. 30")
     require(malloc in MALLOC_POLICIES, "malloc", f"unknown policy {malloc!r}", f"choose {' or '.join(MALLOC_POLICIES)}")

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from enspipe.data.validation import load_validation
+from enspipe.engine.config import StreamConfig
+from enspipe.plan.errors import unknown_keywords
+
 
 def validation_set(data, preprocess="inception", image_size: int = 224, backend: str = "auto",
                    **unknown) -> tuple[np.ndarray, np.ndarray]:
@@ -24,10 +28,6 @@ def validation_set(data, preprocess="inception", image_size: int = 224, backend:
         val_images, val_labels = enspipe.validation_set("data/val", preprocess=transforms.Compose([
             transforms.Resize(72), transforms.CenterCrop(64), transforms.ToTensor()]))   # (M, 3, 64, 64)
     """
-    from enspipe.data.validation import load_validation
-    from enspipe.plan.errors import unknown_keywords
-    from enspipe.engine.config import StreamConfig
-
     unknown_keywords(unknown, ("preprocess", "image_size", "backend"), "validation_set", {"transform": "preprocess"})
 
     cfg = StreamConfig(data=data, batch_size=1, preprocess=preprocess, image_size=image_size, backend=backend)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from enspipe.data.order import NumpyOrder, read_share
+from enspipe.data.parse import resolve
+from enspipe.data.records import record_format
+
 WHAT = ("fused-colour: Slim's colour distortion as one affine map in YIQ (hue and saturation as DALI's Hsv "
         "does them), clipped once; the exact path uses HSV")
 
 
 def first_images(m, count: int) -> list[bytes]:
     """The dataset's first ``count`` encoded images in canonical order (read without TensorFlow)."""
-    from enspipe.data.order import NumpyOrder, read_share
-    from enspipe.data.parse import resolve
-    from enspipe.data.records import record_format
-
     count = min(count, m.num_images)
     item = next(read_share(m, NumpyOrder(m, 0, 0), resolve(record_format(m)), True, count, 0, count))
     return [e for e in item["encoded"] if len(e)]

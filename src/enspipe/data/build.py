@@ -17,8 +17,17 @@ from enspipe.common.atomic import write_json_atomic
 from enspipe.data.convert import accounting_of, plan_shards, write_shards_of
 from enspipe.data.folders import SKIPPED_CSV, Accounting, Listing, accounted, empty_problem, list_folder
 from enspipe.data.keys import add_digests, digest_of, sample_ids
-from enspipe.data.manifest import (MANIFEST, DataError, Manifest, candidate_shards, check, image_folders,
-                                   manifest_dict, read_manifest)
+from enspipe.data.manifest import (
+    MANIFEST,
+    DataError,
+    Manifest,
+    candidate_shards,
+    check,
+    image_folders,
+    manifest_dict,
+    read_manifest,
+)
+from enspipe.data.parse import resolve
 from enspipe.data.records import shard_records
 
 
@@ -59,8 +68,6 @@ def scan_records(root: str, parse=None) -> Manifest:
     """Build a TFRecord dataset's manifest by reading the directory (every record is read once to
     count and key it, its label read with ``parse``: see :mod:`enspipe.data.parse`; the manifest
     names it). Image folders are scanned by :func:`scan`."""
-    from enspipe.data.parse import resolve
-
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a directory; create a dataset with `enspipe make-dataset`")
     shards = candidate_shards(root)

@@ -28,9 +28,11 @@ import time
 from dataclasses import dataclass
 
 from enspipe.common.atomic import write_json_atomic
+from enspipe.common.liveness import die_with_launcher
 from enspipe.data.folders import Accounting, Listing
 from enspipe.data.images import Verdict, read_image
 from enspipe.data.manifest import MANIFEST, DataError
+from enspipe.data.records import framed, slim_example
 
 IMAGES_PER_SHARD = 1252  # ImageNet's training set in Slim's 1024 shards
 SLIM_SHUFFLE_SEED = 12345
@@ -101,8 +103,6 @@ _done = None  # per worker: the shared counters of files done and bytes read
 
 
 def _init_worker(done, nbytes) -> None:
-    from enspipe.common.liveness import die_with_launcher
-
     global _done
     _done = (done, nbytes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles an interrupt
@@ -119,8 +119,6 @@ def _count(nbytes: int) -> None:
 def write_shard(job: tuple) -> dict:
     """Write one shard (``job``: out, name, fingerprint, level and its ``(path, rel, label,
     synset)`` sources); returns its note: records, bytes, image bytes and the verdicts."""
-    from enspipe.data.records import framed, slim_example
-
     out, name, fingerprint, level, sources = job
     partial = os.path.join(out, f".{name}.partial")
     verdicts, records, image_bytes = [], 0, 0

@@ -25,6 +25,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from enspipe.common.atomic import write_csv_atomic
 from enspipe.data.images import NON_IMAGE_SUFFIXES, Verdict, hidden, judge_file
 from enspipe.data.manifest import DataError, counts_text
 
@@ -91,8 +92,6 @@ class Accounting:
                 "them, or leave --strict out to skip them")
 
     def write_csv(self, path: str) -> None:
-        from enspipe.common.atomic import write_csv_atomic
-
         rows = [{"path": rel, "verdict": "ignored" if v.ignored else "skipped", "reason": v.reason,
                  "detail": v.detail} for rel, v in sorted(self.rows)]
         write_csv_atomic(path, rows, ("path", "verdict", "reason", "detail"))

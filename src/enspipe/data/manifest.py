@@ -17,6 +17,7 @@ import os
 import struct
 from dataclasses import dataclass
 
+from enspipe.data.images import HEAD, hidden, sniff
 from enspipe.data.keys import add_digests, digest_of, sample_ids
 
 MANIFEST = "manifest.json"
@@ -173,8 +174,6 @@ def _check_against(m: Manifest) -> str | None:
 
 def _begins_as_image(path: str) -> bool:
     """Whether the file at ``path`` begins with an image format's signature (False: unreadable too)."""
-    from enspipe.data.images import HEAD, sniff
-
     try:
         with open(path, "rb") as f:
             return sniff(f.read(HEAD)) is not None
@@ -185,8 +184,6 @@ def _begins_as_image(path: str) -> bool:
 def image_folders(root: str, looked_at: int = 8) -> bool:
     """Whether ``root`` holds a folder of images: a subfolder (or one below it) whose first few
     files' content is an image's."""
-    from enspipe.data.images import hidden
-
     for d in sorted(os.listdir(root)):
         if hidden(d) or not os.path.isdir(os.path.join(root, d)):
             continue
@@ -200,8 +197,6 @@ def image_folders(root: str, looked_at: int = 8) -> bool:
 
 def flat_images(root: str, looked_at: int = 8) -> bool:
     """Whether ``root``'s own first few files are images (a flat folder, as ImageNet's validation set)."""
-    from enspipe.data.images import hidden
-
     names = sorted(f for f in os.listdir(root) if not hidden(f))[:looked_at]
     return any(os.path.isfile(os.path.join(root, f)) and _begins_as_image(os.path.join(root, f)) for f in names)
 

@@ -25,15 +25,14 @@ for a given element is the same whichever rank preprocesses it and however many 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
-
-import math
 
 import numpy as np
 import tensorflow as tf
 
-from enspipe.data.pixels import COLOUR_ORDERS, IMAGENET_MEAN, IMAGENET_STD, VGG_MEANS
+from enspipe.data.pixels import COLOUR_ORDERS, IMAGENET_MEAN, IMAGENET_STD, VGG_MEANS, colour_map
 
 _RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area")
 
@@ -63,8 +62,6 @@ def _distort_color(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Te
 def _fused_colour(image: tf.Tensor, ordering: int, fast_mode: bool, seed: tf.Tensor) -> tf.Tensor:
     """Slim's colour distortion (its draws, its order) as one affine map in YIQ
     (:func:`enspipe.data.pixels.colour_map`), clipped to [0, 1] once at the end as Slim clips."""
-    from enspipe.data.pixels import colour_map
-
     s = _seeds(seed, 4)
     draws = {"b": tf.random.stateless_uniform([], s[0], minval=-32.0 / 255.0, maxval=32.0 / 255.0),
              "s": tf.random.stateless_uniform([], s[1], minval=0.5, maxval=1.5),

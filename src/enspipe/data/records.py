@@ -10,6 +10,7 @@ they read and write are TensorFlow's own.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -24,8 +25,10 @@ CORRUPT_LABEL = -2  # the label of a placeholder for a record that could not be 
 CYCLE = 4  # shards the stream interleaves at a time (block length 1): the canonical order's cycle
 
 
-def _example_classes():
-    """``Example``'s message class, built from its proto definition (proto3, package tensorflow)."""
+@functools.cache
+def example_class():
+    """``Example``'s message class, built from its proto definition (proto3, package tensorflow)
+    on first use: protobuf is imported only where a record is parsed or made this way."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
@@ -61,20 +64,17 @@ def _example_classes():
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
 
 
-Example = _example_classes()
-
-
 def example_features(payload: bytes, key: bytes = b"?"):
     """A serialized ``tf.train.Example``'s feature map; raises :class:`DataError` naming ``key``."""
     try:
-        return Example.FromString(payload).features.feature
+        return example_class().FromString(payload).features.feature
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, whichever implementation
         raise DataError(f"{key.decode()}: not a tf.train.Example ({e})") from None
 
 
 def make_example(features: dict[str, bytes | int]) -> bytes:
     """A serialized ``tf.train.Example`` of one bytes or int64 value per feature."""
-    ex = Example()
+    ex = example_class()()
     for name, value in features.items():
         f = ex.features.feature[name]
         (f.int64_list if isinstance(value, int) else f.bytes_list).value.append(value)

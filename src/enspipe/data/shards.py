@@ -23,11 +23,12 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from enspipe.common import spelling
 from enspipe.data.keys import _ID_BUCKETS
 from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.order import effective_shuffle_buffer, read_share
+from enspipe.data.parse import resolve
 from enspipe.data.records import CYCLE, header_length, indexed, placeholder, record_format
-from enspipe.common import spelling
 
 SLIM_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
@@ -216,8 +217,6 @@ def read_slices(m: Manifest, order_seed: int, shuffle_buffer: int, skip_corrupt:
     per ``unit`` consecutive global batches (their shares one after the other). Only the share's
     records are read where the stream is :func:`indexed`, and only the share's positions are looked
     at (:class:`IndexedOrder`). ``parse``: the records' format (:func:`record_format`)."""
-    from enspipe.data.parse import resolve
-
     parser = resolve(parse if parse is not None else record_format(m))
     if not indexed(m):
         if not parser.slim:

@@ -15,6 +15,7 @@ import os
 import numpy as np
 from PIL import Image
 
+from enspipe.data.build import load_manifest
 from enspipe.data.manifest import MANIFEST, Manifest
 from enspipe.data.records import write_shards
 
@@ -51,8 +52,6 @@ def synthetic_jpeg(seed: int, index: int, num_classes: int = 100) -> tuple[bytes
 
 def ensure_dataset(out: str, num_images: int, seed: int = 0, num_classes: int = 100) -> Manifest:
     """The dataset in ``out`` if its manifest is there (a complete earlier run), else a new one."""
-    from enspipe.data.build import load_manifest
-
     if os.path.exists(os.path.join(out, MANIFEST)):
         return load_manifest(out)
     return make_dataset(out, num_images, seed, num_classes)

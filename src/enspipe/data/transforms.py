@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from enspipe.data.manifest import Manifest
+from enspipe.data.parse import first_keyed
 
 MAX_PICKLE = 128 * 1024  # bytes: a pipeline travels to each worker in its first message
 
@@ -157,7 +158,6 @@ def probe(fn, m: Manifest, seed: int) -> ArrayPreprocess:
     returns it with its output's shape, dtype and layout, or raises :class:`PreprocessError` naming
     it, and the sample and its file where it failed there."""
     from enspipe.data.decoding import decode
-    from enspipe.data.parse import first_keyed
 
     name = name_of(fn)
     try:

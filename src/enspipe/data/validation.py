@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from enspipe.data.build import load_manifest
+from enspipe.data.order import NumpyOrder, read_share
+from enspipe.data.parse import resolve
+from enspipe.data.records import record_format
+
 
 def load_validation(root: str, preprocessing, size: int, tensorflow: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(images [M, ...], labels int32 [M])`` of the dataset at ``root`` (any format the stream
@@ -17,7 +22,6 @@ def load_validation(root: str, preprocessing, size: int, tensorflow: bool = True
     import tensorflow as tf
 
     from enspipe.data.preprocessing import EVAL_PREPROCESSING, UserPreprocess, decode
-    from enspipe.data.build import load_manifest
     from enspipe.data.shards import read_slices, without_autotune
 
     m = load_manifest(root)
@@ -39,10 +43,6 @@ def _load_without_tensorflow(root: str, preprocessing, size: int) -> tuple[np.nd
     """The pillow backend's: a built-in's evaluation transform, or a user's pipeline
     (:class:`~enspipe.data.transforms.ArrayPreprocess`: given what it takes, seeded by position)."""
     from enspipe.data import pixels
-    from enspipe.data.build import load_manifest
-    from enspipe.data.order import NumpyOrder, read_share
-    from enspipe.data.parse import resolve
-    from enspipe.data.records import record_format
 
     m = load_manifest(root)
     n = m.num_images

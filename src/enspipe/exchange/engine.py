@@ -16,9 +16,11 @@ import time
 
 import numpy as np
 
+from enspipe.common import keys
+from enspipe.exchange import shm
 from enspipe.exchange.base import Batch, Transport, TransportStats, touch_pages, wait_quietly
 from enspipe.plan.schemes import BlockBroadcasts, Broadcast, Gather, Scheme
-from enspipe.common import keys
+
 
 def givers_only(counts_each: list[np.ndarray], givers: list[int]) -> list[np.ndarray]:
     """Each batch's block sizes with every group member but the ``givers`` (group-local ranks,
@@ -104,8 +106,6 @@ class Mpi4pyTransport:
                  max_batch: int, queue_depth: int, node_shm: bool = True, events=None,
                  uses: dict[tuple[int, ...], int] | None = None, unit: int = 1):
         from mpi4py import MPI
-
-        from enspipe.exchange import shm
 
         self.MPI, self.rank = MPI, comm.Get_rank()
         self.image_shape, self.dtype = tuple(image_shape), np.dtype(dtype)

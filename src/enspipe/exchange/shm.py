@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from enspipe.exchange.base import Batch, touch_pages
+
 ALIGN = 64
 
 
@@ -185,8 +187,6 @@ class NodeBatchWindow:
                  image_shape: tuple[int, ...], dtype, wait, stats):
         from mpi4py.util.dtlib import from_numpy_dtype
 
-        from enspipe.exchange.base import touch_pages
-
         self.MPI, self.wait, self.stats = MPI, wait, stats  # stats: a TransportStats (times the copy in)
         self.group, self.node, self.node_of = group_comm, layout.node, layout.node_of
         self.is_leader = self.node.Get_rank() == 0
@@ -217,8 +217,6 @@ class NodeBatchWindow:
         """Contribute each of ``mine`` (per batch of the unit: None or a Batch of ``counts[i][my
         rank]`` samples) at its offset of its own slot; return the unit's whole batches as views of
         their slots. One node barrier (two across nodes) publishes the whole unit."""
-        from enspipe.exchange.base import Batch
-
         me = self.group.Get_rank()
         filled = []  # (slot, total, counts, offsets) per batch
         for block, n in zip(mine, counts):

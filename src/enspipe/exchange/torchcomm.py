@@ -27,6 +27,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from enspipe.plan.errors import ConfigError
+
 TORCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
 TIMEOUT = datetime.timedelta(minutes=30)  # gloo's own bound on a collective; members' heartbeats fail faster
@@ -59,8 +61,6 @@ def init_torch(comm=None) -> None:
     communicator) at a free port of its rank 0's host, which every rank learns by a broadcast.
     Raises :class:`enspipe.ConfigError` where its ranks are not the members'."""
     import torch.distributed as dist
-
-    from enspipe.plan.errors import ConfigError
 
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (None, None)
     from_env = all(k in os.environ for k in TORCH_ENV)

@@ -33,7 +33,8 @@ from enspipe.common import keys
 from enspipe.exchange import ipc, shm
 from enspipe.exchange.base import Batch, TransportStats
 from enspipe.exchange.engine import BufferRing, assembled, givers_only
-from enspipe.exchange.torchcomm import host_id
+from enspipe.exchange.torchcomm import TIMEOUT, host_id, init_torch
+from enspipe.plan.errors import ConfigError
 
 
 def member_device(spec: str, host_rank: int):
@@ -71,8 +72,6 @@ def _check_gpus(groups, placed: list[tuple[str, str | None]]) -> None:
     """NCCL's groups need one GPU per member: a group whose members are not all on one GPU (the
     shared ring's case) must have no two on one. Refused naming them; the same verdict on every
     rank (each checks every group)."""
-    from enspipe.plan.errors import ConfigError
-
     for g in dict.fromkeys(groups):
         if len({placed[r] for r in g}) == 1:
             continue
@@ -113,8 +112,6 @@ class TorchTransport:
         a group on one host (and GPU) shares a ring of slots (:mod:`enspipe.exchange.ipc`)."""
         import torch
         import torch.distributed as dist
-
-        from enspipe.exchange.torchcomm import TIMEOUT, init_torch
 
         init_torch(comm)
         self.torch, self.dist, self.rank = torch, dist, comm.Get_rank()

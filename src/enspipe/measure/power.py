@@ -30,6 +30,7 @@ from datetime import datetime
 import numpy as np
 
 from enspipe.measure.cpumon import integrate
+from enspipe.measure.threadcpu import set_thread_name
 
 COUNTER_SOURCES = ("rapl", "nvml")
 # Seconds between counter samples. A window's energy interpolates the cumulative counter at its
@@ -199,8 +200,6 @@ class PowerMonitor:
                     self.samples.append((t, c.source, domain, joules))
 
     def _run(self) -> None:
-        from enspipe.measure.threadcpu import set_thread_name
-
         set_thread_name("enspipe-power")
         while not self._stop.wait(self.interval):
             self._sample()

@@ -9,6 +9,8 @@ import os
 import re
 from dataclasses import field
 
+from enspipe.plan.errors import require
+
 MAX_SAMPLE_INTERVAL = 60.0  # seconds
 
 
@@ -133,8 +135,6 @@ def choices_of(f: dataclasses.Field) -> tuple | None:
 
 def check_choices(config) -> None:
     """Every option of ``config`` (a dataclass) that has choices holds one of them: one check, one message."""
-    from enspipe.plan.errors import require
-
     for f in dataclasses.fields(config):
         if "option" in f.metadata:
             choices, value = choices_of(f), getattr(config, f.name)

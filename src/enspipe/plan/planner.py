@@ -12,9 +12,11 @@ import json
 import os
 from dataclasses import dataclass
 
+from enspipe.models.networks import network_spec
+from enspipe.plan.curves import ModelInputs, crossings, peak_curves
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.model import CommCosts, Machine, plan
-from enspipe.plan.schemes import DEFAULT_BLOCK_IMAGES
+from enspipe.plan.schemes import DEFAULT_BLOCK_IMAGES, SCHEME_KINDS
 
 
 def _read_json(path: str, option: str, fix: str) -> dict:
@@ -74,9 +76,6 @@ class PlanRequest:
 
     @classmethod
     def from_args(cls, a) -> "PlanRequest":
-        from enspipe.models.networks import network_spec
-        from enspipe.plan.schemes import SCHEME_KINDS
-
         require(a.n is not None and a.n >= 1, "n", f"must be >= 1, got {a.n}",
                 "pass the number of members (or --config for a config's whole grid)")
         require(a.rp is not None or (a.rates and a.network), "rp", "no preprocessing rate to plan from",
@@ -146,8 +145,6 @@ def run_grid_plan(config_path: str, network: str | None = None, as_json: bool = 
     """``enspipe plan --config``: every peak cell of a config's grid predicted from its ``model``
     section (:mod:`enspipe.plan.curves`), and the n at which each pipeline falls below each rc."""
     import yaml
-
-    from enspipe.plan.curves import ModelInputs, crossings, peak_curves
 
     require(os.path.isfile(config_path), "config", f"{config_path!r} is not a file", "pass e.g. config/paper.yaml")
     try:
@@ -222,6 +219,4 @@ def choose_together(comm, nodes: int, cores_per_node: int, calibration: str, net
 
 def _takes_p(scheme: str) -> bool:
     """Whether the scheme registry says ``scheme`` chooses its number of preprocessors P."""
-    from enspipe.plan.schemes import SCHEME_KINDS
-
     return SCHEME_KINDS[scheme].takes_p

@@ -6,8 +6,20 @@ import numpy as np
 import pandas as pd
 
 from enspipe.report import tables
-from enspipe.report.outputs import (FIG, MODEL, PEER, TAB, Inputs, no_data, output, placement_note, plt, save,
-                                    write_table)
+from enspipe.report.outputs import (
+    FIG,
+    MODEL,
+    PEER,
+    TAB,
+    Inputs,
+    no_data,
+    output,
+    placement_note,
+    plt,
+    save,
+    write_table,
+)
+from enspipe.report.predicted import GOAL, errors_by_scheme
 from enspipe.report.tables import provenance, scheme_order
 
 
@@ -53,8 +65,6 @@ def prediction_figure(t: pd.DataFrame, path_stem: str) -> None:
     """The cost model against the run: predicted vs measured images/s per member and CPU-s per
     delivered image, one point per cell, the identity line, each scheme's median |error| in the
     legend; cells the model does not cover are listed, never dropped silently."""
-    from enspipe.report.predicted import GOAL, errors_by_scheme
-
     title = "The cost model (enspipe plan) against the run"
     d = t.dropna(subset=["predicted_rate", "measured_rate", "predicted_cpu", "measured_cpu"])
     if d.empty:

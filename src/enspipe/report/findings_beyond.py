@@ -7,11 +7,33 @@ import pandas as pd
 
 from enspipe.report import tables
 from enspipe.report.ceiling import ceiling_text, node_clock_note, unjudgeable, which_clock
-from enspipe.report.collect import (CEILING_TOLERANCE, MAX_CEILING_TOLERANCE, MIN_JUDGED_WINDOW, ratio_noise,
-                                    repeat_noise)
-from enspipe.report.verdicts import (FULL_RUN, IDENTICAL_WORK_SPREAD, NOT_ENOUGH, NOT_QUIET, NOT_TESTABLE,
-                                     OUTSIDE_SHARE, Verdict, against, all_of, cells_like, finding,
-                                     holds_all, node_cpu_gaps, within, noise_text, rate_noise)
+from enspipe.report.collect import (
+    CEILING_TOLERANCE,
+    MAX_CEILING_TOLERANCE,
+    MIN_JUDGED_WINDOW,
+    ratio_noise,
+    repeat_noise,
+)
+from enspipe.report.heterogeneous import speedups
+from enspipe.report.predicted import GOAL, PLANNER_GOAL, errors_by_scheme
+from enspipe.report.verdicts import (
+    FULL_RUN,
+    IDENTICAL_WORK_SPREAD,
+    NOT_ENOUGH,
+    NOT_QUIET,
+    NOT_TESTABLE,
+    OUTSIDE_SHARE,
+    Verdict,
+    against,
+    all_of,
+    cells_like,
+    finding,
+    holds_all,
+    node_cpu_gaps,
+    noise_text,
+    rate_noise,
+    within,
+)
 
 
 # -- invariants of any honest measurement ----------------------------------------------------------
@@ -120,8 +142,6 @@ def lag_finding(df, t):
          "- (the paper leaves the choice of scheme to the user)",
          "median |predicted / measured - 1| at most 15% for both, for every scheme with cells")
 def prediction_finding(df, t):
-    from enspipe.report.predicted import GOAL, errors_by_scheme
-
     if "prediction" not in t or t["prediction"]["rate_error"].notna().sum() == 0:
         return None
     e = errors_by_scheme(t["prediction"])
@@ -142,8 +162,6 @@ def _planner_answer(r, noise: float) -> bool | str:
     """One auto cell: where auto chose the scheme that measured best, its cell is one more cell of
     that scheme, so it holds unless its rate is both under the goal and outside the scheme's spread
     from its median; where it chose another, its rate against the goal, within noise where closer."""
-    from enspipe.report.predicted import PLANNER_GOAL
-
     if r.chosen == r.best_measured:
         return bool(r.rate_vs_best >= PLANNER_GOAL or r.rate_vs_best >= 1 - noise)
     return against(r.rate_vs_best, PLANNER_GOAL, noise)
@@ -178,8 +196,6 @@ def planner_finding(df, t):
          "fleet's makespan without the rounds' launches below both other arms' (each round is a job here; FLEET "
          "reallocates inside one)")
 def fleet_finding(df, t):
-    from enspipe.report.heterogeneous import speedups
-
     arms, scale = t.get("heterogeneous"), t.get("paper_scale")
     free = speedups(arms, "launch_free_makespan_s") if arms is not None else None
     if free is None:
@@ -228,8 +244,6 @@ SIMULATED_AHEAD = 6     # of the simulation's 8 accelerator counts, G ahead of L
          f"fleet's makespan without the rounds' launches at most {LOCAL_TOLERANCE:g}x fleet_local's in this run, and "
          f"G's makespan at most L's at {SIMULATED_AHEAD}+ of the simulation's 8 accelerator counts")
 def fleet_local_finding(df, t):
-    from enspipe.report.heterogeneous import speedups
-
     arms, scale = t.get("heterogeneous"), t.get("paper_scale")
     free = speedups(arms, "launch_free_makespan_s", over=("fleet_local",)) if arms is not None else None
     if free is None:

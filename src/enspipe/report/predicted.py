@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from enspipe.plan.curves import CROSSING_COLUMNS, CURVE_COLUMNS, ModelInputs, crossings, peak_curves
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.model import CommCosts, Machine, predict
 from enspipe.plan.schemes import SCHEME_KINDS
@@ -113,14 +114,6 @@ def errors_by_scheme(t: pd.DataFrame) -> pd.DataFrame:
 def paper_grid(cfg: dict | None) -> tuple[pd.DataFrame, pd.DataFrame, dict | None]:
     """(curves, crossings, the model's inputs as a dict) of a config with a ``model`` section;
     empty tables where there is none."""
-    from enspipe.plan.curves import (
-        CROSSING_COLUMNS,
-        CURVE_COLUMNS,
-        ModelInputs,
-        crossings,
-        peak_curves,
-    )
-
     if not cfg or "model" not in cfg:
         return pd.DataFrame(columns=list(CURVE_COLUMNS)), pd.DataFrame(columns=list(CROSSING_COLUMNS)), None
     inputs = ModelInputs.from_config(cfg)

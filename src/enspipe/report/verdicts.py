@@ -19,7 +19,7 @@ from typing import Callable
 
 import pandas as pd
 
-from enspipe.report.collect import ratio_noise
+from enspipe.report.collect import ratio_noise, spread
 
 NETWORKS = ["alexnet_v2", "inception_v1", "vgg_a"]
 COLUMNS = ["finding", "source", "paper", "this_run", "threshold", "holds", "basis"]
@@ -144,8 +144,6 @@ def holds_all(answers: list) -> bool | str:
 def rate_noise(df: pd.DataFrame) -> float:
     """The run's measured spread of a peak rate: its repeated peak cells' largest relative distance
     of a repeat from their median images/s per member (0 without repeats)."""
-    from enspipe.report.collect import spread
-
     peak = df[df["consumer"] == "peak"] if len(df) and "consumer" in df else df
     return spread(peak, "images_per_second_per_member")
 

@@ -23,8 +23,12 @@ import sys
 import time
 from dataclasses import dataclass
 
+from enspipe.common.atomic import write_json_atomic
+from enspipe.common.liveness import die_with_launcher
+from enspipe.engine.affinity import available_cores, pin_process
 from enspipe.plan.errors import ConfigError
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS
+from enspipe.run.member import before_mpi, check_fit, run_on
 from enspipe.run.summary import FAILED_SUMMARY, SUMMARY
 
 SPEC_KEYS = {"n", "cells"}
@@ -74,8 +78,6 @@ def check_cells(n: int, cells: list[CellSpec], parse) -> list:
     :class:`ConfigError`), each checked against the job's ``n`` ranks; raises :class:`ConfigError`
     naming the first bad cell. The cells must share a core limit, and the planner's choice and the
     tf.data service peer run alone."""
-    from enspipe.run.member import check_fit
-
     cfgs = []
     for c in cells:
         try:
@@ -97,10 +99,6 @@ def check_cells(n: int, cells: list[CellSpec], parse) -> list:
 def run_in_job(cells: list[CellSpec], cfgs: list) -> int:
     """One rank of the job: every cell not yet done, in order, on the whole job's communicator.
     A failed cell aborts the job (:func:`enspipe.run.job.fail`)."""
-    from enspipe.common.liveness import die_with_launcher
-    from enspipe.engine.affinity import available_cores, pin_process
-    from enspipe.run.member import before_mpi, run_on
-
     die_with_launcher()
     before_mpi()
     from mpi4py import MPI
@@ -122,8 +120,6 @@ def run_in_job(cells: list[CellSpec], cfgs: list) -> int:
 
 def _record_job(cell: CellSpec, job: dict) -> None:
     """Say in the cell's summary that it ran in a shared job, and where in it."""
-    from enspipe.common.atomic import write_json_atomic
-
     path = os.path.join(cell.out, SUMMARY)
     with open(path) as f:
         summary = json.load(f)
@@ -161,8 +157,6 @@ def drive(spec: str, n: int, cells: list[CellSpec], launcher: list[str]) -> int:
 def _record_failure(cell: CellSpec, rc: int) -> None:
     """``summary.failed.json`` for a cell its job failed in: why (its ranks' own records, where they
     left any) and the job's exit status; never a ``summary.json``."""
-    from enspipe.common.atomic import write_json_atomic
-
     os.makedirs(cell.out, exist_ok=True)
     ranks = []
     for f in sorted(os.listdir(cell.out)):

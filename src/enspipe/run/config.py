@@ -15,15 +15,28 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from enspipe.run.concerns import (CONCERNS, FaultOptions, GradientOptions, MeasureOptions, MemberLives,
-                                   PowerOptions, PreprocessOptions, ServiceOptions, StreamOptions, TrainingOptions,
-                                   service_scheme)
-from enspipe.plan.errors import ConfigError, require as _require
+from enspipe.engine.backends import BACKENDS, resolve
+from enspipe.engine.config import StreamConfig, decode_cache_problem, tensorflow_installed
+from enspipe.exchange.transports import DEFAULT as DEFAULT_TRANSPORT
+from enspipe.exchange.transports import TRANSPORTS, installed_problem
+from enspipe.plan.errors import ConfigError
+from enspipe.plan.errors import require as _require
+from enspipe.plan.gradients import ExchangeSpec
 from enspipe.plan.options import network_problem, option, positive_int, unwritable
 from enspipe.plan.schemes import AUTO
-from enspipe.engine.backends import BACKENDS, resolve
-from enspipe.exchange.transports import DEFAULT as DEFAULT_TRANSPORT, TRANSPORTS, installed_problem
-from enspipe.engine.config import decode_cache_problem, tensorflow_installed
+from enspipe.run.concerns import (
+    CONCERNS,
+    FaultOptions,
+    GradientOptions,
+    MeasureOptions,
+    MemberLives,
+    PowerOptions,
+    PreprocessOptions,
+    ServiceOptions,
+    StreamOptions,
+    TrainingOptions,
+    service_scheme,
+)
 
 
 @dataclass(frozen=True)
@@ -294,8 +307,6 @@ class RunConfig:
     @property
     def gradient_spec(self):
         """The data-parallel members' gradient exchange (:class:`enspipe.plan.gradients.ExchangeSpec`)."""
-        from enspipe.plan.gradients import ExchangeSpec
-
         g = self.gradients
         return ExchangeSpec(g.gradient_exchange, g.gradient_block_mb * 2**20, g.gradient_profile,
                             self.stream.plan_comm, g.ako_partitions)
@@ -337,8 +348,6 @@ class RunConfig:
 
     def stream_config(self):
         """The stream part of this cell's options, as the library takes them (:class:`StreamConfig`)."""
-        from enspipe.engine.config import StreamConfig
-
         s, p = self.stream, self.preprocess
         return StreamConfig(data=self.data, batch_size=self.global_batch, scheme=s.scheme,
                             preprocessors=s.preprocessors, image_size=s.image_size, seed=s.seed,
@@ -433,9 +442,9 @@ _TOP = {f.name for f in dataclasses.fields(RunConfig)} - set(CONCERNS)
 
 def _check_dataset(name: str, path: str) -> None:
     """A dataset's manifest and shards, and its records' format (its parse function)."""
+    from enspipe.data.build import load_manifest
     from enspipe.data.manifest import check
     from enspipe.data.parse import format_problem
-    from enspipe.data.build import load_manifest
 
     problem = check(path)
     _require(problem is None, name, str(problem), f"point --{name.replace('_', '-')} at a dataset "

@@ -27,6 +27,11 @@ import time
 
 import numpy as np
 
+from enspipe.exchange.base import wait_quietly
+from enspipe.models.networks import network_spec
+from enspipe.plan.gradients import blocks_for
+from enspipe.run.gradients import AkoStep, BlockStep
+
 
 class PeakConsumer:
     kind = "peak"
@@ -63,7 +68,6 @@ class EmulatedConsumer:
         if self.group is None:
             time.sleep(len(images) / self.rate)
             return {}
-        from enspipe.exchange.base import wait_quietly
 
         part = batch_slice(len(images), self.group.Get_size(), self.group.Get_rank())
         time.sleep((part.stop - part.start) / self.rate)
@@ -83,8 +87,6 @@ class TrainConsumer:
                  dequantize=None, group=None, batches_per_update: int = 1, gradient_sum=None, exchange=None):
         import keras
         import tensorflow as tf
-
-        from enspipe.models.networks import network_spec
 
         self.device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
         self.model = network_spec(network).build(num_classes, image_size, seed)
@@ -212,9 +214,6 @@ def _member_exchange(spec, model, loss_fn, optimizer, group):
     """A data-parallel member rank's step for ``spec`` (an :class:`~enspipe.plan.gradients.ExchangeSpec`
     other than whole): its blocks planned from its variables (and, prophet, its profile and the
     collectives' costs)."""
-    from enspipe.plan.gradients import blocks_for
-    from enspipe.run.gradients import AkoStep, BlockStep
-
     if spec.kind == "ako":
         return AkoStep(model, loss_fn, optimizer, group, spec.partitions)
     sizes = tuple(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)

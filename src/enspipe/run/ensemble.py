@@ -40,8 +40,11 @@ import sys
 import time
 
 from enspipe.common.atomic import write_json_atomic
+from enspipe.exchange.base import allreduce_quietly
 from enspipe.plan.ensemble import Ensemble, Round, arm_slots, list_schedule, model_times, plan_rounds
 from enspipe.run import checkpoint
+from enspipe.run.member import before_mpi, run_on
+from enspipe.run.run_options import parse_run_args
 
 RESULT = "ensemble.json"
 ROUND = "round.json"  # a round's plan, written when it starts
@@ -304,13 +307,8 @@ def job_rank(ens: Ensemble, arm: str, data: str, out: str, batch: int, num_image
     communicator of their own while the others wait (quietly); ``default``: every rank takes the
     next member's round as it frees up (claimed by creating its directory), alone on its own
     communicator. Returns the exit status; a failed round aborts the job."""
-    from enspipe.run.member import before_mpi
-
     before_mpi()
     from mpi4py import MPI
-
-    from enspipe.run.run_options import parse_run_args
-    from enspipe.run.member import run_on
 
     world, run_args = MPI.COMM_WORLD, run_args or []
     rank, spe = world.Get_rank(), num_images // batch
@@ -385,8 +383,6 @@ def _job_rounds(ens: Ensemble, arm: str, out: str, num_images: int, first: int, 
 def _quiet(comm, rc: int) -> int:
     """The largest ``rc`` over ``comm``'s ranks, waited for without spinning (idle ranks sleep)."""
     from mpi4py import MPI
-
-    from enspipe.exchange.base import allreduce_quietly
 
     return allreduce_quietly(comm, rc, MPI.MAX)
 

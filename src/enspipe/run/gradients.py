@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from enspipe.exchange.gradients import AkoExchange, BlockExchange
+
 
 def _sgd(optimizer, variables, grads) -> None:
     """Plain SGD, as ``keras.optimizers.SGD`` without momentum applies it: ``v -= g x lr``."""
@@ -48,8 +50,6 @@ class BlockStep:
 
     def __init__(self, model, loss_fn, optimizer, group, blocks: list[list[int]], deferred: bool, kind: str):
         import tensorflow as tf
-
-        from enspipe.exchange.gradients import BlockExchange
 
         variables = model.trainable_variables
         self.blocks, self.deferred, self.optimizer = blocks, deferred, optimizer
@@ -125,8 +125,6 @@ class AkoStep:
 
     def __init__(self, model, loss_fn, optimizer, group, partitions: int):
         import tensorflow as tf
-
-        from enspipe.exchange.gradients import AkoExchange
 
         variables = model.trainable_variables
         self.exchange = AkoExchange(group, sum(int(np.prod(v.shape)) for v in variables), partitions)

@@ -14,8 +14,9 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
-from enspipe.run.run_options import default
+from enspipe.plan.errors import ConfigError
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
+from enspipe.run.run_options import default
 
 CELL_NAME = "{network}/{scheme}/n{n}_p{p}/c{cores}/{consumer}/rep{rep}"  # a cell's relative directory
 CELL_FIELDS = ("network", "scheme", "n", "p", "cores", "consumer", "rep")  # a cell's identity
@@ -147,8 +148,6 @@ def takes_p(scheme: str) -> bool:
 def invalid(scheme: str, n: int, p: int | None, batch: int) -> str | None:
     """Why a combination is not a cell (the scheme's rule, as its error states it), or None.
     ``auto`` is valid wherever some scheme is (the baseline always is)."""
-    from enspipe.plan.errors import ConfigError
-
     if scheme == AUTO:
         return invalid("baseline", n, None, batch)
     try:

@@ -7,11 +7,19 @@ import os
 import time
 
 from enspipe.common import keys, phases
+from enspipe.common.events import EventLog
+from enspipe.common.tfimport import import_tensorflow
+from enspipe.data.build import load_manifest
+from enspipe.data.ledger import DeliveryCounter, EpochLedger
+from enspipe.data.manifest import DataError, accounting_note, verify_digest
+from enspipe.engine.affinity import configure_tensorflow_threads
 from enspipe.engine.backends import BACKENDS
+from enspipe.engine.member import MemberBuilder, fail_job
 from enspipe.exchange.transports import TRANSPORTS
-from enspipe.data.manifest import accounting_note
-from enspipe.run.config import RunConfig
 from enspipe.plan.schemes import make_scheme, node_groups
+from enspipe.run import checkpoint
+from enspipe.run.config import RunConfig
+from enspipe.run.consumers import make_consumers
 from enspipe.run.context import Job, Life
 from enspipe.run.monitors import slurm_counter, start_node_monitor
 from enspipe.run.steps import Member
@@ -22,8 +30,6 @@ def setup(cfg: RunConfig, comm, scheme, progress: dict) -> Job:
     """Place and pin this rank, start the node monitor and the heartbeat, clear an earlier run's
     results, and build the transport, the pipeline, the consumer and the member (the steps of
     :class:`enspipe.engine.member.MemberBuilder`, as a library member takes them)."""
-    from enspipe.common.events import EventLog
-
     rank = comm.Get_rank()
     build, scheme, monitor = _placed(cfg, comm)
     heartbeat = _heartbeat(cfg, comm, build, progress)  # after TensorFlow's import holds the GIL
@@ -49,10 +55,6 @@ def _placed(cfg: RunConfig, comm):
     the node monitor started (each host's first rank, before pinning), the process pinned and
     TensorFlow's pools sized. Returns ``(builder, scheme, monitor)``."""
     from mpi4py import MPI
-
-    from enspipe.common.tfimport import import_tensorflow
-    from enspipe.engine.affinity import configure_tensorflow_threads
-    from enspipe.engine.member import MemberBuilder
 
     build = MemberBuilder(comm, MPI, cores=cfg.measure.cores, malloc=cfg.stream.malloc)  # before TensorFlow allocates
     where = build.where
@@ -90,10 +92,6 @@ def _clear_earlier_results(cfg: RunConfig, comm) -> None:
 
 
 def _manifest(cfg: RunConfig):
-    from enspipe.data.manifest import DataError
-    from enspipe.data.build import load_manifest
-    from enspipe.data.manifest import verify_digest
-
     manifest = load_manifest(cfg.data)
     problem = verify_digest(manifest)  # the count and the shards were checked before MPI started
     if problem:
@@ -135,7 +133,6 @@ def _delivery(cfg: RunConfig, comm, build, scheme, manifest, preprocessing: str,
         data_parallel = [tuple(r) for r in cfg.member_ranks(comm.Get_size()) if len(r) > 1]
         return build.pipeline(scheme, manifest, preprocessing, cfg.stream_config(), build.where.threads, events,
                               steps=cfg.measure.steps, reduce_groups=data_parallel)
-    from enspipe.data.ledger import EpochLedger
     from enspipe.run.service import ServicePipeline, TfDataService
 
     transport = TfDataService(comm, scheme, cfg, manifest, preprocessing, build.where.threads, events)
@@ -146,7 +143,6 @@ def _delivery(cfg: RunConfig, comm, build, scheme, manifest, preprocessing: str,
 def _consumer(cfg: RunConfig, comm, transport, manifest, preprocessing: str, events):
     """This rank's consumer (its members'); a data-parallel member's ranks all-reduce its gradients
     among themselves (collective: every rank splits)."""
-    from enspipe.run.consumers import make_consumers
     from enspipe.engine.backends.tf import quantizer
 
     rank, n = comm.Get_rank(), comm.Get_size()
@@ -165,8 +161,6 @@ def _member(cfg: RunConfig, comm, pipeline, consumer, ledger, manifest, preproce
             progress: dict) -> Member:
     """The consumer side that steps the cell; with --member-epochs its accelerators idle once it
     has trained them, and its epoch ends validate and checkpoint."""
-    from enspipe.data.ledger import DeliveryCounter
-
     rank = comm.Get_rank()
     epochs = cfg.epochs_for(cfg.member_of(rank))
     return Member(cfg, rank, pipeline, consumer, ledger,
@@ -178,8 +172,6 @@ def _member(cfg: RunConfig, comm, pipeline, consumer, ledger, manifest, preproce
 def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) -> Life:
     """A member's epoch ends across runs: its state restored from its checkpoint (or new), the
     validation set it is judged on, and whether this rank writes its checkpoints."""
-    from enspipe.run import checkpoint
-
     rank = comm.Get_rank()
     m = cfg.member_of(rank)
     name, network = cfg.name_of(m), cfg.network_for(m) if cfg.training.consumer == "train" else None
@@ -204,7 +196,5 @@ def fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> Non
     """Leave why next to the event logs and end the whole job
     (:func:`enspipe.engine.member.fail_job`): ``error.rankNNNN.txt`` (with the traceback) and
     ``failed.rankNNNN.json`` (where the rank got to), then ``MPI_Abort``."""
-    from enspipe.engine.member import fail_job
-
     record = {**progress, "reason": reason, "time": time.time(), "config": cfg.to_dict()}
     fail_job(comm, f"enspipe: error: {reason}", directory=cfg.out, rank=progress["rank"], tb=tb, record=record)

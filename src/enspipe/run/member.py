@@ -20,20 +20,23 @@ from __future__ import annotations
 import sys
 import traceback
 
-from enspipe.common import phases
+from enspipe.common import phases, tempdirs
+from enspipe.common.host import launched
+from enspipe.common.liveness import die_with_launcher
+from enspipe.data.manifest import read_manifest
+from enspipe.engine.placement import place
+from enspipe.exchange.shm import reap_orphans
 from enspipe.plan.errors import ConfigError
-from enspipe.run.config import RunConfig
 from enspipe.plan.options import plain_name
+from enspipe.plan.planner import choose_together
 from enspipe.plan.schemes import AUTO, SCHEME_KINDS, make_scheme
+from enspipe.run.config import RunConfig
 from enspipe.run.job import fail, setup
 from enspipe.run.summary import job_report, rank_report, say
 from enspipe.run.window import measure, stop, warm_up
 
 
 def run(cfg: RunConfig) -> int:
-    from enspipe.common.host import launched
-    from enspipe.common.liveness import die_with_launcher
-
     die_with_launcher()  # a lost node's members must not run on as orphans
     place = launched()
     if place is not None and _refused(cfg, *place):  # before MPI: a job whose ranks all exit 2 exits 2
@@ -87,8 +90,6 @@ def leave(rc: int) -> int:
     folder removed (:mod:`enspipe.common.tempdirs`), then out without Python's slow teardown of
     TensorFlow's modules and threads (a second per cell). Returns only where MPI never started (an
     error before it)."""
-    from enspipe.common import tempdirs
-
     tempdirs.remove_own()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized():
@@ -121,8 +122,6 @@ def before_mpi() -> None:
     :func:`enspipe.exchange.shm.reap_orphans`), saying so."""
     import faulthandler
 
-    from enspipe.exchange.shm import reap_orphans
-
     faulthandler.enable()
     count, size = reap_orphans()
     if count:
@@ -153,8 +152,6 @@ def _run_guarded(cfg: RunConfig, comm, scheme) -> int:
 def check_members(cfg: RunConfig, n: int) -> None:
     """The options that name members, against the ``n`` ranks launched (data-parallel members
     are several ranks each); raises :class:`ConfigError`."""
-    from enspipe.data.manifest import read_manifest
-
     members = cfg.members(n)
     for name, values in (("member_rates", cfg.training.member_rates), ("member_epochs", cfg.lives.member_epochs),
                          ("member_networks", cfg.training.member_networks), ("member_names", cfg.lives.member_names),
@@ -199,9 +196,6 @@ def _planned(cfg: RunConfig, comm) -> RunConfig:
     placement (their hosts' cores, their nodes), from the calibration; rank 0 decides, every rank
     runs it. Raises :class:`ConfigError` (exit 2) where the calibration cannot give a plan."""
     from mpi4py import MPI
-
-    from enspipe.plan.planner import choose_together
-    from enspipe.engine.placement import place
 
     where = place(comm, MPI, cfg.measure.cores)
     nodes = len(set(comm.allgather(where.mpi_node)))

@@ -2,20 +2,18 @@
 Slurm's energy counter for the job step (rank 0)."""
 from __future__ import annotations
 
+from enspipe.measure.cpumon import resolve_source
+from enspipe.measure.node import NodeMonitor
+from enspipe.measure.power import PowerUnavailable, SlurmStepCounter
 from enspipe.run.config import RunConfig
 
 
 def start_node_monitor(cfg: RunConfig, host: str):
-    from enspipe.measure.cpumon import resolve_source
-    from enspipe.measure.node import NodeMonitor
-
     m = cfg.measure
     return NodeMonitor(cfg.out, host, resolve_source(m.cpu_monitor), cfg.energy.power, m.monitor_interval)
 
 
 def slurm_counter(cfg: RunConfig):
-    from enspipe.measure.power import PowerUnavailable, SlurmStepCounter
-
     if cfg.energy.power != ("auto",) and "slurm" not in cfg.energy.power:
         return None
     try:

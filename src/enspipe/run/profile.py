@@ -28,12 +28,15 @@ import sys
 import time
 
 from enspipe.common.atomic import write_json_atomic
+from enspipe.common.tfimport import import_tensorflow
+from enspipe.measure.node import cpu_model
+from enspipe.models.networks import network_spec
+from enspipe.plan.fleet import fill_rates
+from enspipe.plan.gradients import LayerProfile
 
 
 def machine() -> dict:
     """What a profile was measured on: the host, its CPU model and count, its GPUs."""
-    from enspipe.measure.node import cpu_model
-
     try:
         gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                               text=True, timeout=20).stdout.split("\n")
@@ -101,15 +104,10 @@ def layer_profile(network: str, num_classes: int, image_size: int, batch: int, s
     """The network's :class:`~enspipe.plan.gradients.LayerProfile` at ``batch`` images a rank, on
     this process's device: medians over ``steps`` training steps after 3 unmeasured ones (random
     images: the times do not depend on the pixels)."""
-    from enspipe.common.tfimport import import_tensorflow
-
     import_tensorflow(trains=True)
     import keras
     import numpy as np
     import tensorflow as tf
-
-    from enspipe.models.networks import network_spec
-    from enspipe.plan.gradients import LayerProfile
 
     model = network_spec(network).build(num_classes, image_size, seed)
     variables = model.trainable_variables
@@ -152,8 +150,6 @@ def layer_profile(network: str, num_classes: int, image_size: int, batch: int, s
 
 def layers_for(record: dict, ranks: int):
     """The profile's layers measured at ``ranks`` ranks (or the nearest count measured)."""
-    from enspipe.plan.gradients import LayerProfile
-
     layers = record.get("layers") or {}
     if not layers:
         return None
@@ -163,6 +159,4 @@ def layers_for(record: dict, ranks: int):
 
 def rates_by_count(record: dict) -> tuple[float, ...]:
     """The profile's rates on 1..max(measured) accelerators (see :func:`enspipe.plan.fleet.fill_rates`)."""
-    from enspipe.plan.fleet import fill_rates
-
     return fill_rates(record["accelerators"], record["rates"])

@@ -8,7 +8,10 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from enspipe.common import keys
+from enspipe.data.keys import batch_checksum, digest_of
 from enspipe.measure import threadcpu
+from enspipe.plan.ensemble import converged
+from enspipe.run import checkpoint
 from enspipe.run.config import RunConfig
 
 if TYPE_CHECKING:
@@ -39,8 +42,6 @@ class Member:
         """Consume one batch; returns what the pipeline looked like when it was asked for it (see
         :class:`Look`): whether the batch was missing, whether every queue was full and how many
         batches the queues held."""
-        from enspipe.data.keys import batch_checksum, digest_of
-
         self.progress["step"] = step
         if self.fault and self.fault[0] == step:
             inject(self.fault[1], step)
@@ -84,9 +85,6 @@ class Member:
         """The member has trained another whole epoch at ``step``: validate it, decide whether it
         has converged (early stopping), checkpoint it (its first rank), and, converged or at its
         epochs' bound, leave its accelerators idle from the next step."""
-        from enspipe.plan.ensemble import converged
-        from enspipe.run import checkpoint
-
         life, state = self.life, self.life.state
         self.epochs_trained += 1
         state.epochs += 1

@@ -12,13 +12,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from enspipe import __version__
 from enspipe.common import keys, phases
-from enspipe.run.config import RunConfig
-from enspipe.run.grid import Cell
-from enspipe.plan.schemes import AUTO
+from enspipe.common.atomic import write_json_atomic
+from enspipe.data.approximation import fused_colour_error
+from enspipe.data.keys import sample_ids
+from enspipe.data.manifest import expected_keys
+from enspipe.data.order import effective_shuffle_buffer
 from enspipe.engine.backends import BACKENDS
 from enspipe.engine.config import BUILTIN_PREPROCESSING
 from enspipe.engine.decode_cache import cache_summary
+from enspipe.measure import cpumon, stages
+from enspipe.measure.node import cpu_model, job_fields, write_power_table
+from enspipe.plan.schemes import AUTO
+from enspipe.run.config import RunConfig
+from enspipe.run.grid import Cell
 
 if TYPE_CHECKING:
     from enspipe.run.context import Job
@@ -43,10 +51,6 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
     """This rank's part of the summary: its rate and CPU, stages, queues, epochs and exchange."""
-    from enspipe.data.keys import sample_ids
-    from enspipe.data.manifest import expected_keys
-    from enspipe.measure import stages
-
     cfg, member, rank, where = job.cfg, job.member, job.rank, job.where
     epochs = member.ledger.completed()
     for e in epochs:
@@ -119,8 +123,6 @@ def job_report(job: Job, report: dict, w: Window, warm: "Warmup") -> int:
     epoch was whole, and only then, with every member alive and done, write the summary."""
     from mpi4py import MPI
 
-    from enspipe.common.atomic import write_json_atomic
-
     cfg, comm, rank = job.cfg, job.comm, job.rank
     # the job's window: from the first member's measurement start to the last one's end
     job_t0, job_t1 = comm.allreduce(w.wall[0], op=MPI.MIN), comm.allreduce(w.wall[1], op=MPI.MAX)
@@ -156,10 +158,6 @@ def cell_summary(job: Job, reports: list[dict], nodes: list[dict], window: tuple
     """The cell's summary (rank 0): its identity and settings, the ranks' reports, the nodes'
     CPU and energy over the job's window; also writes the cell's cpu.csv and power.csv."""
     from mpi4py import MPI
-
-    from enspipe.data.order import effective_shuffle_buffer
-    from enspipe.measure import cpumon, stages
-    from enspipe.measure.node import job_fields, write_power_table
 
     cfg, scheme, n, manifest = job.cfg, job.scheme, job.n, job.manifest
     t, m, e = cfg.training, cfg.measure, cfg.energy
@@ -239,7 +237,6 @@ def _approximation(cfg: RunConfig, preprocessing: str, manifest) -> dict | None:
     dataset's first images; None for an exact path."""
     if cfg.preprocess.preprocess_impl != "fused-colour" or preprocessing != "inception":
         return None
-    from enspipe.data.approximation import fused_colour_error
 
     return fused_colour_error(manifest, BACKENDS[cfg.backend].needs_tensorflow, cfg.stream.image_size,
                               cfg.preprocess.fast_mode)
@@ -298,8 +295,6 @@ def window_summary(scheme, reports: list[dict], warm: "Warmup") -> dict:
 
 def machine() -> dict:
     """What the numbers were measured on (rank 0's node)."""
-    from enspipe.measure.node import cpu_model
-
     tf = sys.modules.get("tensorflow")  # a cell without TensorFlow: its consumers name their devices
     gpus = [] if tf is None else [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
                                   for d in tf.config.list_physical_devices("GPU")]
@@ -315,8 +310,6 @@ def max_rss_bytes() -> int:
 
 
 def version() -> str:
-    from enspipe import __version__
-
     return __version__
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from enspipe.data.pixels import OUTPUT_RANGE
+from enspipe.models.networks import NetworkError, network_spec
+from enspipe.models.torch_architectures import TORCH_NETWORKS
 
 
 def build_torch_model(network: str, num_classes: int, image_size: int, seed: int):
     """The member's ``torch.nn.Module``: a registered torch network or the user's factory."""
     import torch
-
-    from enspipe.models.networks import NetworkError, network_spec
-    from enspipe.models.torch_architectures import TORCH_NETWORKS
 
     if network in TORCH_NETWORKS:
         return TORCH_NETWORKS[network](num_classes, image_size, seed)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from enspipe.common import keys
+from enspipe.exchange.base import allreduce_quietly
+from enspipe.measure import threadcpu
 from enspipe.run.config import RunConfig
 from enspipe.run.monitors import read_slurm
 from enspipe.run.steps import Look, Member
@@ -107,16 +109,12 @@ def all_ranks(comm, flag: bool) -> bool:
     """Whether ``flag`` holds on every rank (an all-reduce that sleeps while it waits)."""
     from mpi4py import MPI
 
-    from enspipe.exchange.base import allreduce_quietly
-
     return bool(allreduce_quietly(comm, int(flag), MPI.MIN))
 
 
 def count_ranks(comm, value: int) -> int:
     """The sum of ``value`` over every rank (an all-reduce that sleeps while it waits)."""
     from mpi4py import MPI
-
-    from enspipe.exchange.base import allreduce_quietly
 
     return allreduce_quietly(comm, value, MPI.SUM)
 
@@ -136,8 +134,6 @@ def stop_producers(comm, pipeline) -> int:
     has ended): the steps still to complete may need what they make."""
     from mpi4py import MPI
 
-    from enspipe.exchange.base import allreduce_quietly
-
     steps = allreduce_quietly(comm, pipeline.freeze(), MPI.MAX)
     pipeline.resume()
     pipeline.finish(steps)
@@ -147,8 +143,6 @@ def stop_producers(comm, pipeline) -> int:
 def measure(job: Job, warm: "Warmup") -> Window:
     """The measured window: ``cfg.measure.steps`` steps, and the CPU, stage, exchange and energy readings
     taken at its edges (so they count only work done inside it)."""
-    from enspipe.measure import threadcpu
-
     slurm_j0 = read_slurm(job.slurm)  # an sstat subprocess: before the window opens
     open_together(job.comm, job.pipeline)
     t0, cpu0, wall0, threads0 = time.perf_counter(), threadcpu.process_cpu(), time.time(), threadcpu.snapshot()

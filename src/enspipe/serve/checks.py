@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 
+from enspipe.data.records import indexed
+from enspipe.engine.backends.gpu import member_gpu
+from enspipe.engine.config import check_gpu_backend, checked_manifest
+from enspipe.exchange.shm import shm_free_bytes
 from enspipe.plan.errors import ConfigError, require
 from enspipe.serve.wire import ServeOptions, live_server
 
@@ -12,9 +16,6 @@ from enspipe.serve.wire import ServeOptions, live_server
 def load_dataset(data: str):
     """The dataset's manifest, checked as :class:`~enspipe.StreamConfig` checks it, and indexed
     (the server reads records by their number)."""
-    from enspipe.data.records import indexed
-    from enspipe.engine.config import checked_manifest
-
     if not os.path.isdir(data):
         raise ConfigError("data", f"{data}: no such directory", "pass a dataset directory")
     m = checked_manifest(str(data))
@@ -39,8 +40,6 @@ def claim_socket(path: str, say) -> None:
 
 def prepare(opts: ServeOptions, say):
     """Every check, in order; returns the dataset's manifest."""
-    from enspipe.exchange.shm import shm_free_bytes
-
     m = load_dataset(str(opts.data))
     if opts.own_preprocess:  # imported and tried on the first samples: its output's size sizes the pool
         opts.load_transform(m)
@@ -61,16 +60,12 @@ def _check_gpu(opts: ServeOptions) -> None:
     pool; on ``--device cpu``, its torch ops can."""
     import importlib.util
 
-    from enspipe.engine.config import check_gpu_backend
-
     fix = "pass --backend pillow (the CPU)"
     if not opts.on_gpu:
         require(importlib.util.find_spec("torch") is not None, "backend", "the gpu backend needs torch", fix)
         return
     check_gpu_backend(opts.preprocess, fix=fix)
     import torch
-
-    from enspipe.engine.backends.gpu import member_gpu
 
     device = member_gpu(opts.device)
     require(device.index is None or device.index < torch.cuda.device_count(), "device", f"{opts.device}: this "

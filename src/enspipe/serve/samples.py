@@ -9,9 +9,13 @@ import threading
 
 import numpy as np
 
+from enspipe.common.ownerlock import create_locked, reap_unlocked
 from enspipe.data.keys import sample_ids
 from enspipe.data.manifest import DataError, Manifest
 from enspipe.data.order import NumpyOrder, RecordReader, read_file
+from enspipe.data.parse import resolve
+from enspipe.data.records import record_format
+from enspipe.exchange import ipc
 
 SHM_DIR = "/dev/shm"
 POOL_PREFIX = "enspipe-pool-"  # + the server's pid and a token; locked by the server while it lives
@@ -22,9 +26,6 @@ class SampleSource:
     safe to call from several threads (each has its own record reader)."""
 
     def __init__(self, m: Manifest):
-        from enspipe.data.parse import resolve
-        from enspipe.data.records import record_format
-
         self.m, self.folders = m, m.kind == "jpeg_folders"
         self.parser = None if self.folders else resolve(record_format(m))
         self.paths = m.paths()
@@ -87,8 +88,6 @@ class Pool:
             return
         import torch
 
-        from enspipe.exchange import ipc
-
         self.torch = torch
         if handle is not None:
             self.images = ipc.mapped_cuda(handle)
@@ -100,8 +99,6 @@ class Pool:
         """The server's, for one consumer: how it maps a GPU pool's images (None for a pool in
         /dev/shm). One per consumer: each handle carries a reference torch's CUDA IPC counts, and
         the consumer that maps it releases that one."""
-        from enspipe.exchange import ipc
-
         return ipc.cuda_handle(self.images) if self.torch is not None else None
 
     @classmethod
@@ -111,8 +108,6 @@ class Pool:
         every pool of this user's servers that died without removing theirs; ``device``: a CUDA
         device for the images."""
         from secrets import token_hex
-
-        from enspipe.common.ownerlock import create_locked
 
         reap_dead(say)
         path = os.path.join(SHM_DIR, f"{POOL_PREFIX}{os.getpid()}-{token_hex(4)}")
@@ -186,8 +181,6 @@ def reap_dead(say=None, path: str | None = None, wait: float = 0.0) -> list[str]
     ``path``, whose owner lock anyone can take, retrying for up to ``wait`` seconds (a server just
     killed releases its lock as its process ends, maybe after its socket closed). Returns them."""
     import time
-
-    from enspipe.common.ownerlock import reap_unlocked
 
     parent, prefix = (SHM_DIR, POOL_PREFIX) if path is None else os.path.split(path)
     end = time.monotonic() + wait

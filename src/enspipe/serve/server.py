@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from enspipe.common.atomic import write_json_atomic
 from enspipe.data.transforms import layout_of
+from enspipe.engine.memory import set_malloc
 from enspipe.serve import wire
 from enspipe.serve.samples import Pool, SampleMaker, SampleSource
 from enspipe.serve.schedule import Scheduler
@@ -44,7 +45,6 @@ class Server:
         """``comm``: the MPI communicator of a server of several ranks (one per node), which share
         the preprocessing (:mod:`enspipe.serve.mesh`); None for one process."""
         from enspipe.data.pixels import output_spec
-        from enspipe.engine.memory import set_malloc
 
         self.opts, self.m, self.say, self.idle_exit = opts, manifest, say, idle_exit
         self.malloc = set_malloc(opts.malloc)  # before the maker starts its workers, which take it

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enspipe.common.plugins import FUNCTION_NAME
+from enspipe.common.plugins import FUNCTION_NAME, NotLoadable, load_function
+from enspipe.engine.backends import AUTO as AUTO_BACKEND
 from enspipe.engine.backends import BACKENDS, served
+from enspipe.engine.config import BUILTIN_PREPROCESSING, MALLOC_POLICIES, SampleConfig
 from enspipe.plan.errors import ConfigError, require
 from enspipe.plan.options import parse_size
-from enspipe.engine.backends import AUTO as AUTO_BACKEND
-from enspipe.engine.config import BUILTIN_PREPROCESSING, MALLOC_POLICIES, SampleConfig
 
 PREPROCESSING = BUILTIN_PREPROCESSING  # the built-ins, the pillow backend's
 HEADER = struct.Struct("!I")
@@ -191,7 +191,6 @@ class ServeOptions(SampleConfig):
     def load_transform(self, manifest) -> None:
         """Import the user's augmentation and try it on the dataset's first samples (its output's
         shape and dtype); raises :class:`ConfigError` naming what failed."""
-        from enspipe.common.plugins import NotLoadable, load_function
         from enspipe.data.transforms import PreprocessError, probe
 
         try:

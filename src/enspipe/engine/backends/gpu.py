@@ -28,6 +28,7 @@ import numpy as np
 
 from enspipe.engine.backends.base import PrepSpec, kept, meta_rows
 from enspipe.engine.backends.pillow import slices  # noqa: F401 - the backend's API: read as the pillow backend reads
+from enspipe.exchange.torchdist import member_device
 
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 
@@ -44,8 +45,6 @@ def member_gpu(device=None):
     """The GPU this member decodes on: ``device`` (the exchange's), else its local rank's, round
     the GPUs it sees."""
     import torch
-
-    from enspipe.exchange.torchdist import member_device
 
     return torch.device(device) if device is not None else member_device("cuda", local_rank())
 

@@ -16,15 +16,17 @@ from contextlib import contextmanager
 import numpy as np
 
 from enspipe.common import spelling
+from enspipe.data import transforms
 from enspipe.data.manifest import DataError
+from enspipe.data.order import NumpyOrder, read_share
+from enspipe.data.parse import resolve
+from enspipe.data.records import record_format
 from enspipe.engine.backends.base import PrepSpec, kept, meta_rows
+from enspipe.engine.workers import FunctionFailed, WorkerDied
 from enspipe.measure.threadcpu import set_thread_name
 
-def slices(spec: PrepSpec):
-    from enspipe.data.order import NumpyOrder, read_share
-    from enspipe.data.parse import resolve
-    from enspipe.data.records import record_format
 
+def slices(spec: PrepSpec):
     order = NumpyOrder(spec.manifest, spec.order_seed, spec.shuffle_buffer)
     return read_share(spec.manifest, order, resolve(record_format(spec.manifest)), spec.skip_corrupt, spec.batch,
                       *spec.share, spec.unit)
@@ -52,7 +54,6 @@ def work(preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_s
 def user_work(prep_seed: int, **transform):
     """:func:`work` for a user's augmentation (:mod:`enspipe.data.transforms`): each image decoded
     whole, then given to the user's function with the generators seeded for its sample."""
-    from enspipe.data import transforms
     from enspipe.data.decoding import Undecodable, decode
 
     fn = transforms.load(transform)
@@ -123,8 +124,6 @@ class PillowEngine:
     def _named(self, item: dict):
         """A worker's failure, while handing out or collecting ``item``, as a DataError naming the
         record it held (a slice handed out earlier is named by its tag)."""
-        from enspipe.engine.workers import FunctionFailed, WorkerDied
-
         try:
             yield
         except FunctionFailed as e:
