@@ -25,7 +25,13 @@ scale=(0.08, 1), ratio=(3/4, 4/3))`` (its ten attempts, then its central fallbac
 and ``Normalize`` by ImageNet's channel means and deviations; ``standard-jitter`` adds
 ``ColorJitter(0.4, 0.4, 0.4)`` (brightness, contrast and saturation in a random order, by
 Pillow's ``ImageEnhance``, as torchvision's PIL path does). The crop is resized once (bilinear,
-antialiased), from a JPEG decoded at the DCT scale its crop needs, as above.
+antialiased: :func:`antialiased`), from the crop's region of a JPEG decoded at the DCT scale it
+needs, as above.
+
+Where a C compiler was at install, :mod:`enspipe.data._pixels` (:data:`KERNELS`) resizes the
+crop (Pillow's arithmetic, without its copies) and makes the wire's values by a table of each
+8-bit value's (:func:`to_wire`); without it Pillow, numpy and OpenCV do, with the same values but
+for Pillow 13's pass order (:func:`antialiased`).
 
 Every draw comes from a Philox generator keyed by ``(seed, position)``: a sample comes out the
 same whichever member preprocesses it and however many threads run. The two backends draw from
@@ -33,6 +39,7 @@ different generators, so their images for one sample differ.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import cv2
@@ -41,6 +48,13 @@ from PIL import Image, ImageEnhance, ImageStat
 
 from enspipe.data.decoding import Undecodable, decode, decoded_box, open_image  # noqa: F401 - the backend's API
 from enspipe.data.decoding import drafted as _drafted, opened as _opened, rgb as _rgb  # noqa: F401
+
+try:
+    from enspipe.data import _pixels
+except ImportError:  # built without a C compiler: Pillow resizes
+    _pixels = None
+
+KERNELS = _pixels is not None
 
 cv2.setNumThreads(0)  # one image per thread or worker process: OpenCV's own pool would only contend
 
@@ -182,9 +196,19 @@ def _resized(source: "bytes | np.ndarray", im: Image.Image, box: tuple, size: in
     (torchvision's, on PIL images)."""
     pixels, box = decoded_box(source, im, box, size)
     if method is None:
-        return np.asarray(Image.fromarray(pixels).resize((size, size), Image.Resampling.BILINEAR, box=box))
+        return antialiased(pixels, box, size)
     x0, y0, x1, y1 = (int(round(v)) for v in box)
     return cv2.resize(pixels[y0:max(y1, y0 + 1), x0:max(x1, x0 + 1)], (size, size), interpolation=method)
+
+
+def antialiased(pixels: np.ndarray, box: tuple, size: int) -> np.ndarray:
+    """``box`` of ``pixels`` (uint8 RGB) resized to ``size`` by the antialiased bilinear filter of
+    Pillow's ``resize(..., BILINEAR, box)``: :mod:`enspipe.data._pixels` (Pillow's arithmetic
+    before Pillow 13, which orders its two passes otherwise: at most 1 level apart in 0.5% of the
+    values), else Pillow itself."""
+    if _pixels is None:
+        return np.asarray(Image.fromarray(pixels).resize((size, size), Image.Resampling.BILINEAR, box=box))
+    return np.frombuffer(_pixels.resize(pixels, *box, size, size), np.uint8).reshape(size, size, 3)
 
 
 def _flipped(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -321,10 +345,26 @@ _NEG_VGG_MEANS = tuple(-m for m in VGG_MEANS) + (0.0,)
 
 def to_wire(name: str, pixels: np.ndarray, wire_dtype: str) -> np.ndarray:
     """A preprocessed image as it travels: float32 in the preprocessing's own range, or uint8
-    quantised over that range (:data:`OUTPUT_RANGE`) as the TensorFlow backend quantises it."""
-    lo, hi = OUTPUT_RANGE[name]
+    quantised over that range (:data:`OUTPUT_RANGE`) as the TensorFlow backend quantises it. An
+    8-bit image goes through a table of what :func:`_wire_values` gives each value of each channel
+    (:mod:`enspipe.data._pixels`' ``lookup``: one pass, the same values)."""
     if name == "inception" and wire_dtype == "uint8" and pixels.dtype == np.uint8:
         return pixels  # x / 127.5 - 1 quantised over [-1, 1] is x itself
+    if _pixels is None or pixels.dtype != np.uint8:
+        return _wire_values(name, pixels, wire_dtype)
+    table = _wire_table(name, wire_dtype)
+    return np.frombuffer(_pixels.lookup(pixels, table), table.dtype).reshape(pixels.shape)
+
+
+@functools.cache
+def _wire_table(name: str, wire_dtype: str) -> np.ndarray:
+    """:func:`_wire_values` of every 8-bit value in each channel, 3 x 256."""
+    every = np.repeat(np.arange(256, dtype=np.uint8)[:, None, None], 3, axis=2)  # 256 x 1 x 3
+    return np.ascontiguousarray(_wire_values(name, every, wire_dtype)[:, 0, :].T)
+
+
+def _wire_values(name: str, pixels: np.ndarray, wire_dtype: str) -> np.ndarray:
+    lo, hi = OUTPUT_RANGE[name]
     x = pixels.astype(np.float32)
     if name == "inception":
         x = x / np.float32(127.5) - 1
