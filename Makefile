@@ -73,7 +73,8 @@ test-notf:
 	bash .ci/notf-venv
 	.venv-notf/bin/pytest -m "not workflow" -n $(WORKERS) --dist loadfile tests/test_backend.py tests/test_frameworks.py tests/test_keys.py \
 	  tests/test_serve.py tests/test_serve_schedule.py tests/test_serve_mesh.py tests/test_gpu_benchmarks.py tests/test_engine.py \
-	  tests/test_torch_transport.py tests/test_transforms.py tests/test_gpu_backend.py tests/test_epochs.py
+	  tests/test_torch_transport.py tests/test_transforms.py tests/test_gpu_backend.py tests/test_epochs.py \
+	  tests/test_pixel_kernels.py tests/test_region_decode.py
 	.venv-notf/bin/pytest tests/test_decode_cache.py -k "not tf and not cached_pixels and not users_preprocess"
 
 test-horovod: horovod

@@ -3,7 +3,10 @@ library a PyTorch user might pick does it, beside enspipe's, on the same natural
 and 2 cores: CPU per image and images/s.
 
     python benchmarks/standard_peers.py [--images 256] [--repeats 3] [--cores 1,2] [--cell]
-                                         [--pillow-simd PYTHON] [--json out.json]
+                                         [--python ROW=PYTHON ...] [--json out.json]
+
+``--python`` runs a row's processes in another environment's Python (the peers need not share
+enspipe's venv): ``--python dali=/venvs/peers/bin/python --python pillow-simd=/venvs/simd/bin/python``.
 
 Each row is a fresh process per core, pinned to its own core (``taskset``), over its share of the
 images after an unmeasured pass over them: k cores are k such processes started together, as k
@@ -11,7 +14,9 @@ images after an unmeasured pass over them: k cores are k such processes started 
 adds enspipe's cell, which has its own). A row's CPU is its processes' (``process_time``: every
 thread of each), its rate all the images over the slowest process's wall time. Rows run
 interleaved, in an order that rotates each repeat; each cell is the median (min-max) of the
-repeats; ``x floor`` is the row's CPU per image over the whole-image decode's in the same repeat.
+repeats; ``x floor`` is the row's CPU per image over the whole-image decode's, timed in the same
+processes in passes either side of the row's (the cell's: over the whole decode's one-core row
+in the same repeat).
 
 Rows (a row that cannot run here keeps its place and says why):
 
@@ -20,8 +25,9 @@ Rows (a row that cannot run here keeps its place and says why):
 * DALI: its CPU pipeline (``device_id=None``, one thread): ``decoders.image_random_crop`` (its ROI
   decode), ``resize`` (antialiased linear), ``crop_mirror_normalize``, batches of 32;
 * SPDL: FFmpeg's decode and filter graph (``crop``, ``scale`` bilinear, ``hflip``), numpy's Normalize;
-* Pillow-SIMD: decode, ``resize(box=)`` bilinear (antialiased), flip, numpy's Normalize, in the
-  Python given by ``--pillow-simd`` (a venv with ``pip install pillow-simd numpy``);
+* Pillow-SIMD: decode, ``resize(box=)`` bilinear (antialiased), flip, numpy's Normalize, in a
+  venv with ``pip install pillow-simd numpy`` given by ``--python pillow-simd=...`` (the row says
+  which Pillow it ran);
 * OpenCV: ``imdecode``, RGB, ``resize`` (INTER_AREA down, INTER_LINEAR up), flip, Normalize;
 * enspipe ``standard``, the per-image function of the pillow backend's workers, with its compiled
   parts (the crop's region decode, the C resize and the wire's table) and without them;
@@ -192,11 +198,18 @@ def child(spec: dict) -> dict:
     jpegs = [bytes.fromhex(b) for b in jpegs[spec["part"]::spec["parts"]]]
     boxes = boxes[spec["part"]::spec["parts"]]
     label, run = ROWS[spec["row"]]()
+    floor = floor_row(False)[1]
     run(jpegs, boxes)
+    floor_cpu = time.process_time()
+    floor(jpegs, boxes)
     t, cpu = time.perf_counter(), time.process_time()
     run(jpegs, boxes)
+    seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
+    floor(jpegs, boxes)
+    floor_cpu = (time.process_time() - floor_cpu - cpu) / 2  # the whole decode's passes either side of the row's
     images = len(jpegs) // 32 * 32 if spec["row"] == "dali" else len(jpegs)
-    return {"label": label, "seconds": time.perf_counter() - t, "cpu": time.process_time() - cpu, "images": images}
+    return {"label": label, "seconds": seconds, "cpu": cpu, "images": images,
+            "floor_cpu_per_image": floor_cpu / len(jpegs)}
 
 
 def measure(row: str, k: int, images: str, python: str) -> dict:
@@ -212,14 +225,15 @@ def measure(row: str, k: int, images: str, python: str) -> dict:
             return {"error": (err.strip().splitlines() or ["exit %d" % p.returncode])[-1][:160]}
         outs.append(json.loads(out.strip().splitlines()[-1]))
     return {"label": outs[0]["label"], "seconds": max(o["seconds"] for o in outs),
-            "cpu": sum(o["cpu"] for o in outs), "images": sum(o["images"] for o in outs)}
+            "cpu": sum(o["cpu"] for o in outs), "images": sum(o["images"] for o in outs),
+            "floor_cpu_per_image": float(np.mean([o["floor_cpu_per_image"] for o in outs]))}
 
 
 def cell_row(k: int, n: int) -> dict:
     """One member of a real cell (``enspipe run --preprocess standard --cores k``), its window."""
     from scaling import cell, dataset
 
-    r = cell({"data": dataset(1024), "backend": "pillow", "preprocess": "standard", "size": SIZE,
+    r = cell({"data": dataset(n), "backend": "pillow", "preprocess": "standard", "size": SIZE,
               "wire_dtype": "float32", "images": max(n, 1280 * k), "cores": list(range(k))})
     return {"label": "enspipe cell (enspipe run, one member, float32 wire)", **r}
 
@@ -232,7 +246,8 @@ def main() -> None:
     ap.add_argument("--cores", default="1,2")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--cell", action="store_true", help="add one member of a real enspipe cell")
-    ap.add_argument("--pillow-simd", default=None, help="the Python of a venv with pillow-simd and numpy")
+    ap.add_argument("--python", action="append", default=[], metavar="ROW=PYTHON",
+                    help="run ROW's processes in this Python (repeatable)")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.child:
@@ -240,11 +255,15 @@ def main() -> None:
         return
     from enspipe.data.photos import photo_jpegs
 
-    jpegs = [b for _, b in photo_jpegs(a.images, seed=7)]
+    jpegs = [b for _, b in photo_jpegs(a.images)]  # the cell's dataset holds the same photos
     images = os.path.join(tempfile.mkdtemp(prefix="standard-peers-"), "images.json")
     with open(images, "w") as f:
         json.dump([[b.hex() for b in jpegs], _boxes(jpegs)], f)
     ks, rows = [int(k) for k in a.cores.split(",")], a.rows.split(",")
+    pythons = dict(p.split("=", 1) for p in a.python)
+    unknown = set(pythons) - set(ROWS)
+    if unknown:
+        ap.error(f"--python: no row {', '.join(sorted(unknown))}; the rows: {', '.join(ROWS)}")
     if a.cell:
         rows.append("cell")
     runs = {(r, k): [] for r in rows for k in ks}
@@ -254,11 +273,10 @@ def main() -> None:
         for r, k in order[shift:] + order[:shift]:
             if r == "cell":
                 runs[r, k].append(cell_row(k, a.images))
-            elif r == "pillow-simd":
-                runs[r, k].append(measure(r, k, images, a.pillow_simd) if a.pillow_simd
-                                  else {"error": "no --pillow-simd PYTHON given (a venv with pillow-simd and numpy)"})
+            elif r == "pillow-simd" and r not in pythons:
+                runs[r, k].append({"error": "no --python pillow-simd=PYTHON given (a venv with pillow-simd and numpy)"})
             else:
-                runs[r, k].append(measure(r, k, images, sys.executable))
+                runs[r, k].append(measure(r, k, images, pythons.get(r, sys.executable)))
             print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     report(runs, rows, ks, a)
@@ -270,7 +288,7 @@ def main() -> None:
 def report(runs: dict, rows: list[str], ks: list[int], a) -> None:
     print(f"standard (RandomResizedCrop 224, flip, Normalize to float32) on {a.images} photos, {a.repeats} repeats "
           "interleaved: median (min-max); x floor: CPU per image over the whole decode's, paired per repeat")
-    print(f"{'row':62s} {'cores':>5s} {'images/s':>20s} {'CPU ms/img':>20s} {'x floor':>7s}")
+    print(f"{'row':62s} {'cores':>5s} {'images/s':>20s} {'CPU ms/img':>20s} x floor")
     for r in rows:
         for k in ks:
             rs = runs[r, k]
@@ -280,8 +298,11 @@ def report(runs: dict, rows: list[str], ks: list[int], a) -> None:
                 continue
             rate = [x["images"] / x["seconds"] for x in rs]
             cpu = [x["cpu"] / x["images"] * 1e3 for x in rs]
-            floor = [f["cpu"] / f["images"] * 1e3 for f in runs.get(("floor-whole", 1), [])]
-            x = f"{np.median([c / f for c, f in zip(cpu, floor)]):7.2f}" if len(floor) == len(cpu) else f"{'':7s}"
+            floor = [x.get("floor_cpu_per_image") for x in rs]
+            if None in floor:  # the cell: the whole decode's row on one core in the same repeat
+                floor = [f["cpu"] / f["images"] for f in runs.get(("floor-whole", 1), [])]
+            ratio = [c / (f * 1e3) for c, f in zip(cpu, floor)]
+            x = f"{np.median(ratio):5.2f} ({min(ratio):.2f}-{max(ratio):.2f})" if len(floor) == len(cpu) else ""
             print(f"{rs[0]['label'][:62]:62s} {k:5d} {np.median(rate):8.0f} ({min(rate):.0f}-{max(rate):.0f})"
                   f" {np.median(cpu):8.2f} ({min(cpu):.2f}-{max(cpu):.2f}) {x}")
 

@@ -1,28 +1,35 @@
-"""Three PyTorch models trained three ways, side by side, with no TensorFlow: enspipe's shared
-stream on the pillow backend, each member's own ``torch.utils.data.DataLoader`` (the status quo),
-and TensorSocket (one producer, three consumers).
+"""PyTorch models trained side by side, each fed a different way, with no TensorFlow: enspipe's
+shared stream on the pillow backend, each member's own ``torch.utils.data.DataLoader`` (the status
+quo, with enspipe's function or with torchvision's transform in its workers), and TensorSocket
+(one producer, the members its consumers).
 
     python benchmarks/torch_ways.py [--epochs 2] [--images 512] [--image-size 224] [--repeats 3]
-                                    [--preprocess inception|standard]
+                                    [--members 3] [--preprocess inception|standard]
 
-Every way trains the same three cheap models (an 8 x 8 average pool, then an MLP of width 32, 64
-or 128: the input pipeline matters, as it does beside a GPU) for ``--epochs`` epochs of the same
-synthetic dataset, batch 32, with the same augmentation (the pillow backend's ``inception``: random
-crop, flip, colour distortion; or ``standard``: torchvision's RandomResizedCrop, flip and
-Normalize) and uint8 batches:
+Every way trains the same cheap models (an 8 x 8 average pool, then an MLP of width 32, 64 or 128:
+the input pipeline matters, as it does beside a GPU) for ``--epochs`` epochs of the same synthetic
+dataset, batch 32, with the same augmentation (the pillow backend's ``inception``: random crop,
+flip, colour distortion; or ``standard``: torchvision's RandomResizedCrop, flip and Normalize):
 
-* ``enspipe``: ``mpiexec -n 3``; ``SharedStream(scheme="all_shared", backend="pillow").torch()``:
-  each member preprocesses a third of every batch and all-gathers;
-* ``own DataLoader``: ``mpiexec -n 3`` (MPI unused); each member's ``DataLoader`` with its share of
-  the cores (C/n, at least 1) as worker processes reads the records and preprocesses every image itself;
-* ``TensorSocket``: ``mpiexec -n 4`` (MPI unused): rank 0 runs one such ``DataLoader`` inside a
-  ``TensorProducer`` with all the cores' workers, ranks 1-3 train from ``TensorConsumer`` s.
+* ``enspipe``: ``mpiexec -n N``; ``SharedStream(scheme="all_shared", backend="pillow").torch()``,
+  uint8 batches: each member preprocesses 1/N of every batch and all-gathers;
+* ``own DataLoader``: ``mpiexec -n N`` (MPI unused); each member's ``DataLoader`` with its share of
+  the cores (C/N, at least 1) as worker processes reads the records and runs enspipe's function on
+  every image itself (uint8 out of the workers);
+* ``torchvision DataLoader``: the same, with torchvision's transform in the workers as its
+  ImageNet reference script has it (``decode_jpeg``, ``transforms.v2`` RandomResizedCrop
+  antialiased, flip, ToDtype and Normalize: float32 CHW out of the workers; ``standard`` only);
+* ``torchvision DataLoader, uint8``: the same with uint8 out of the workers, ToDtype and Normalize
+  in the training loop;
+* ``TensorSocket``: ``mpiexec -n N+1`` (MPI unused): rank 0 runs one ``own DataLoader`` inside a
+  ``TensorProducer`` with all the cores' workers, ranks 1-N train from ``TensorConsumer`` s.
 
 It prints, per way, the job's wall time (launch to exit), the training loops' time (the slowest
 member's), the CPU of every process of the job (user + system, their worker processes included)
 and the images/s per member, as the median (min-max) of the repeats, the ways interleaved and
 counterbalanced within the repeats, with each way's ratio to enspipe paired per repeat. A way
-that cannot run here gets a row that says why.
+that cannot run here gets a row that says why; one whose members saw fewer images than their
+epochs hold says SHORT, and how many.
 """
 from __future__ import annotations
 
@@ -34,10 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 from cells import MPIEXEC, dataset, schedule, spread
 
-WAYS = ("enspipe", "own DataLoader", "TensorSocket")
+WAYS = ("enspipe", "own DataLoader", "torchvision DataLoader", "torchvision DataLoader, uint8", "TensorSocket")
+TORCHVISION = {"torchvision DataLoader": "float32", "torchvision DataLoader, uint8": "uint8"}
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 ONLY = os.environ.get("TORCH_WAYS_ONLY")  # a way's name: run that one alone (a check while changing it)
 WIDTHS = (32, 64, 128)
 PORTS = (5761, 5762, (5763, 5764))  # TensorSocket's data, acknowledgement and heartbeat ports
@@ -79,10 +89,39 @@ class Records:
         return torch.from_numpy(pixels.to_wire(self.preprocess, image, "uint8").copy()), label
 
 
-def _loader(data: str, batch: int, size: int, seed: int, workers: int, preprocess: str):
+class TorchvisionRecords(Records):
+    """The records as torchvision's ImageNet reference script feeds them: ``decode_jpeg``, then
+    ``transforms.v2``' RandomResizedCrop (antialiased) and flip, and, for ``float32``, ToDtype and
+    Normalize in the worker (CHW tensors); ``uint8`` leaves those to the training loop."""
+
+    def __init__(self, data: str, size: int, seed: int, out: str):
+        super().__init__(data, size, seed, "standard")
+        self.out, self._transform = out, None
+
+    def __getitem__(self, i: int):
+        import torch
+        from torchvision.io import decode_jpeg
+        from torchvision.transforms import v2
+
+        from enspipe.data.order import RecordReader
+        from enspipe.data.records import parse_slim
+
+        if self._reader is None:  # one per worker process
+            self._reader = RecordReader(self.m, False)
+            steps = [v2.RandomResizedCrop(self.size, antialias=True), v2.RandomHorizontalFlip()]
+            if self.out == "float32":
+                steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+            self._transform = v2.Compose(steps)
+        encoded, label = parse_slim(self._reader.read(*self.numbers[i]))
+        return self._transform(decode_jpeg(torch.frombuffer(bytearray(encoded), dtype=torch.uint8))), label
+
+
+def _loader(data: str, batch: int, size: int, seed: int, workers: int, preprocess: str, way: str = ""):
     import torch
 
-    return torch.utils.data.DataLoader(Records(data, size, seed, preprocess), batch_size=batch, shuffle=True,
+    items = TorchvisionRecords(data, size, seed, TORCHVISION[way]) if way in TORCHVISION else \
+        Records(data, size, seed, preprocess)
+    return torch.utils.data.DataLoader(items, batch_size=batch, shuffle=True,
                                        drop_last=True, num_workers=workers, persistent_workers=workers > 0,
                                        generator=torch.Generator().manual_seed(seed))
 
@@ -93,9 +132,15 @@ def _train(batches, net, optimizer, preprocess: str) -> int:
     from enspipe.data.pixels import OUTPUT_RANGE
 
     lo, hi = OUTPUT_RANGE[preprocess]
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
     seen = 0
     for images, labels in batches:
-        x = images.permute(0, 3, 1, 2).float() * ((hi - lo) / 255) + lo  # the uint8 wire's values
+        if images.dtype == torch.float32:  # torchvision's, normalised in its workers
+            x = images
+        elif images.shape[-1] == 3:  # the uint8 wire (HWC)
+            x = images.permute(0, 3, 1, 2).float() * ((hi - lo) / 255) + lo  # the uint8 wire's values
+        else:  # torchvision's uint8 (CHW): ToDtype and Normalize here
+            x = (images.float() / 255 - mean) / std
         loss = torch.nn.functional.cross_entropy(net(x), labels.long())
         optimizer.zero_grad()
         loss.backward()
@@ -135,8 +180,8 @@ def worker(a: argparse.Namespace) -> None:
         for _ in range(a.epochs):
             seen += _train(stream.torch(), net, optimizer, a.preprocess)
         stream.close()
-    elif a.way == "own DataLoader":
-        loader = _loader(a.data, a.batch_size, a.image_size, member, max(1, cores // n), a.preprocess)
+    elif a.way == "own DataLoader" or a.way in TORCHVISION:
+        loader = _loader(a.data, a.batch_size, a.image_size, member, max(1, cores // n), a.preprocess, a.way)
         for epoch in range(a.epochs):
             loader.dataset.epoch = epoch
             seen += _train(loader, net, optimizer, a.preprocess)
@@ -154,17 +199,22 @@ def _produce(a: argparse.Namespace, comm) -> None:
     """TensorSocket's rank 0: one DataLoader with all the cores' workers inside a TensorProducer."""
     from tensorsocket.producer import TensorProducer
 
-    producer = TensorProducer(_loader(a.data, a.batch_size, a.image_size, 0, os.cpu_count() or 1, a.preprocess),
+    # two loader batches of half a batch each per producer batch: with one (producer_batch_size=1),
+    # TensorSocket 0.0.5 fails once its consumers have caught up (below)
+    producer = TensorProducer(_loader(a.data, a.batch_size // 2, a.image_size, 0, os.cpu_count() or 1, a.preprocess),
                               *PORTS[:2],
-                              heart_ports=PORTS[2], rubber_band_pct=0.5, producer_batch_size=1)
+                              heart_ports=PORTS[2], rubber_band_pct=0.5, producer_batch_size=2)
     t0 = time.perf_counter()
     try:
         for _ in range(a.epochs):
             for _ in producer:
                 pass
         producer.join()
-    except Exception as e:  # noqa: BLE001 - its consumers would wait for ever: say why, end the job
-        print(f"torch_ways: the TensorSocket producer failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - its consumers would wait for ever: say why and where, end the job
+        where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                            for f in reversed(traceback.extract_tb(e.__traceback__)[-3:]))
+        print(f"torch_ways: the TensorSocket producer failed: {type(e).__name__}: {e} at {where}", file=sys.stderr,
+              flush=True)
         comm.Abort(1)
     _write(a, 0, time.perf_counter() - t0, 0)
 
@@ -177,7 +227,9 @@ def _write(a, rank: int, seconds: float, seen: int) -> None:
 
 
 def way(a: argparse.Namespace, name: str) -> dict:
-    n = 4 if name == "TensorSocket" else 3
+    if name in TORCHVISION and a.preprocess != "standard":
+        return {"failed": "torchvision's transform is standard's: run with --preprocess standard"}
+    n = a.members + 1 if name == "TensorSocket" else a.members
     with tempfile.TemporaryDirectory() as out:
         cmd = [MPIEXEC, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out,
                "--data", a.data, "--epochs", str(a.epochs), "--image-size", str(a.image_size),
@@ -193,8 +245,13 @@ def way(a: argparse.Namespace, name: str) -> dict:
             return {"failed": f"exit {r.returncode}: {said[-1][:200] if said else ''}"}
         ranks = [json.load(open(os.path.join(out, f"rank{k}.json"))) for k in range(n)]
     members = [x for x in ranks if x["images"]]
+    want = a.images // a.batch_size * a.batch_size * a.epochs  # each member's epochs, whole batches
+    if len(members) != a.members:
+        return {"failed": f"{len(members)} of its {a.members} members trained"}
+    short = sorted({x["images"] for x in members if x["images"] != want})
     return {"wall": wall, "train": max(x["seconds"] for x in members), "cpu": sum(x["cpu_seconds"] for x in ranks),
-            "rate": min(x["images"] / x["seconds"] for x in members)}
+            "rate": min(x["images"] / x["seconds"] for x in members),
+            "short": f"SHORT: members saw {'/'.join(map(str, short))} of {want} images" if short else ""}
 
 
 def main() -> None:
@@ -204,6 +261,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--images", type=int, default=512, help="the synthetic dataset's size")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--members", type=int, default=3, help="the models trained side by side (n)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds a way may run")
     ap.add_argument("--preprocess", default="inception", choices=("inception", "standard"),
                     help="every way's augmentation: Slim's inception, or torchvision's standard transform")
@@ -218,20 +276,21 @@ def main() -> None:
     for rep, name in schedule([w for w in WAYS if not ONLY or w == ONLY], a.repeats):
         got[name][rep] = g = way(a, name)
         print(f"repeat {rep} {name}: {g}", flush=True)
-    print(f"\nthree members (pooled MLPs of width {', '.join(map(str, WIDTHS))}), {a.epochs} epochs of {a.images} "
-          f"images, batch {a.batch_size}, {a.image_size} px, {a.preprocess}, uint8, {os.cpu_count()} cores, "
-          f"{a.repeats} repeats, own DataLoaders with C/n = {max(1, (os.cpu_count() or 1) // 3)} workers each, "
-          "median (min-max)\n")
+    print(f"\n{a.members} members (pooled MLPs of width {', '.join(map(str, WIDTHS[:a.members]))}), {a.epochs} epochs "
+          f"of {a.images} images, batch {a.batch_size}, {a.image_size} px, {a.preprocess}, {os.cpu_count()} cores, "
+          f"{a.repeats} repeats, own DataLoaders with C/n = {max(1, (os.cpu_count() or 1) // a.members)} workers "
+          "each, median (min-max)\n")
     print("| way | job wall s | training s | CPU s, all processes | img/s per member | CPU vs enspipe | "
           "wall vs enspipe |\n|---|---|---|---|---|---|---|")
     base = got["enspipe"]
     for name in (w for w in WAYS if got[w][0] is not None):
         rows = got[name]
         failed = next((r["failed"] for r in rows if "failed" in r), None)
-        if failed or any("failed" in b for b in base):
-            print(f"| {name} | could not run here: {failed or 'enspipe failed'} | | | | | |")
+        if failed or any(b is None or "failed" in b for b in base):
+            print(f"| {name} | could not run here: {failed or ('enspipe did not run' if base[0] is None else 'enspipe failed')} | | | | | |")
             continue
-        print(f"| {name} | {spread([r['wall'] for r in rows], 1, 1)} | {spread([r['train'] for r in rows], 1, 1)} | "
+        short = next((r["short"] for r in rows if r.get("short")), "")
+        print(f"| {name}{' (' + short + ')' if short else ''} | {spread([r['wall'] for r in rows], 1, 1)} | {spread([r['train'] for r in rows], 1, 1)} | "
               f"{spread([r['cpu'] for r in rows], 1, 1)} | {spread([r['rate'] for r in rows], 1, 0)} | "
               f"{spread([r['cpu'] / b['cpu'] for r, b in zip(rows, base)])} | "
               f"{spread([r['wall'] / b['wall'] for r, b in zip(rows, base)])} |")
