@@ -217,8 +217,8 @@ def test_a_trained_fleet_arm_replans_when_a_member_converges_and_resumes_after_a
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     kept = json.loads(slow.read_text())["epochs"]
-    before = _epoch_events(out)["slow"]
-    assert kept >= before[-1]  # every epoch it had finished is in its checkpoint: it loses only the one it was in
+    before = _epoch_events(out).get("slow", [])  # none yet where the kill fell between its first checkpoint and event
+    assert kept >= max(before, default=0)  # every epoch it had finished is in its checkpoint: it loses only the one
     r = subprocess.run(_arm(spec, dataset, out, validation, in_job=in_job), capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, said(r)
