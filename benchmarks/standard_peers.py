@@ -11,8 +11,9 @@ enspipe's venv): ``--python dali=/venvs/peers/bin/python --python pillow-simd=/v
 Each row is a fresh process per core, pinned to its own core (``taskset``), over its share of the
 images after an unmeasured pass over them: k cores are k such processes started together, as k
 ``DataLoader`` workers or k pool processes would be, with no transfer or collation (``--cell``
-adds enspipe's cell, which has its own). A row's CPU is its processes' (``process_time``: every
-thread of each), its rate all the images over the slowest process's wall time. Rows run
+adds a one-member enspipe cell for each of standard, inception and vgg, which has its own). A
+row's CPU is its processes' (``process_time``: every thread of each), its rate all the images
+over the slowest process's wall time. Rows run
 interleaved, in an order that rotates each repeat; each cell is the median (min-max) of the
 repeats; ``x floor`` is the row's CPU per image over the whole-image decode's, timed in the same
 processes in passes either side of the row's (the cell's: over the whole decode's one-core row
@@ -30,7 +31,9 @@ Rows (a row that cannot run here keeps its place and says why):
   which Pillow it ran);
 * OpenCV: ``imdecode``, RGB, ``resize`` (INTER_AREA down, INTER_LINEAR up), flip, Normalize;
 * enspipe ``standard``, the per-image function of the pillow backend's workers, with its compiled
-  parts (the crop's region decode, the C resize and the wire's table) and without them;
+  parts (the crop's region decode, the C resize and the wire's table) and without them; and
+  enspipe's ``inception`` and ``vgg`` functions with theirs (no peer row: their augmentations are
+  Slim's and VGG's, not torchvision's);
 * the floor: the whole image decoded (OpenCV's libjpeg-turbo), and the crop's region alone at its
   DCT scale (enspipe's region decode).
 
@@ -156,7 +159,7 @@ def opencv_row():
     return f"OpenCV {cv2.__version__}", run
 
 
-def enspipe_row(compiled: bool):
+def enspipe_row(name: str, compiled: bool = True):
     from enspipe.data import decoding, pixels
 
     if not compiled:
@@ -164,10 +167,12 @@ def enspipe_row(compiled: bool):
     elif not (decoding.REGION_DECODE and pixels.KERNELS):
         raise RuntimeError("enspipe's compiled parts are not built here (apt-get install gcc libjpeg-dev, reinstall)")
 
+    train = pixels.PREPROCESSING[name]
+
     def run(jpegs, boxes):
         for i, b in enumerate(jpegs):
-            pixels.to_wire("standard", pixels.standard_train(b, SIZE, pixels.generator(0, i)), "float32")
-    return "enspipe standard" + (" (region decode, C resize, table)" if compiled else ", no compiled parts"), run
+            pixels.to_wire(name, train(b, SIZE, pixels.generator(0, i)), "float32")
+    return f"enspipe {name}" + (" (region decode, C resize, table)" if compiled else ", no compiled parts"), run
 
 
 def floor_row(region: bool):
@@ -187,7 +192,9 @@ def floor_row(region: bool):
 
 
 ROWS = {"torchvision": torchvision_row, "dali": dali_row, "spdl": spdl_row, "pillow-simd": pillow_row,
-        "opencv": opencv_row, "enspipe": lambda: enspipe_row(True), "enspipe-plain": lambda: enspipe_row(False),
+        "opencv": opencv_row, "enspipe": lambda: enspipe_row("standard"),
+        "enspipe-plain": lambda: enspipe_row("standard", False), "enspipe-inception": lambda: enspipe_row("inception"),
+        "enspipe-vgg": lambda: enspipe_row("vgg"),
         "floor-whole": lambda: floor_row(False), "floor-region": lambda: floor_row(True)}
 
 
@@ -229,13 +236,16 @@ def measure(row: str, k: int, images: str, python: str) -> dict:
             "floor_cpu_per_image": float(np.mean([o["floor_cpu_per_image"] for o in outs]))}
 
 
-def cell_row(k: int, n: int) -> dict:
-    """One member of a real cell (``enspipe run --preprocess standard --cores k``), its window."""
+CELLS = ("standard", "inception", "vgg")
+
+
+def cell_row(preprocess: str, k: int, n: int) -> dict:
+    """One member of a real cell (``enspipe run --preprocess P --cores k``), its window."""
     from scaling import cell, dataset
 
-    r = cell({"data": dataset(n), "backend": "pillow", "preprocess": "standard", "size": SIZE,
+    r = cell({"data": dataset(n), "backend": "pillow", "preprocess": preprocess, "size": SIZE,
               "wire_dtype": "float32", "images": max(n, 1280 * k), "cores": list(range(k))})
-    return {"label": "enspipe cell (enspipe run, one member, float32 wire)", **r}
+    return {"label": f"enspipe cell {preprocess} (enspipe run, one member, float32)", **r}
 
 
 def main() -> None:
@@ -245,7 +255,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cores", default="1,2")
     ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--cell", action="store_true", help="add one member of a real enspipe cell")
+    ap.add_argument("--cell", action="store_true", help="add one member of a real enspipe cell for each of "
+                    + ", ".join(CELLS))
     ap.add_argument("--python", action="append", default=[], metavar="ROW=PYTHON",
                     help="run ROW's processes in this Python (repeatable)")
     ap.add_argument("--json")
@@ -265,14 +276,14 @@ def main() -> None:
     if unknown:
         ap.error(f"--python: no row {', '.join(sorted(unknown))}; the rows: {', '.join(ROWS)}")
     if a.cell:
-        rows.append("cell")
+        rows += [f"cell-{p}" for p in CELLS]
     runs = {(r, k): [] for r in rows for k in ks}
     for rep in range(a.repeats):
         order = [(r, k) for r in rows for k in ks]
         shift = rep * 3 % len(order)
         for r, k in order[shift:] + order[:shift]:
-            if r == "cell":
-                runs[r, k].append(cell_row(k, a.images))
+            if r.startswith("cell-"):
+                runs[r, k].append(cell_row(r[len("cell-"):], k, a.images))
             elif r == "pillow-simd" and r not in pythons:
                 runs[r, k].append({"error": "no --python pillow-simd=PYTHON given (a venv with pillow-simd and numpy)"})
             else:
@@ -286,8 +297,9 @@ def main() -> None:
 
 
 def report(runs: dict, rows: list[str], ks: list[int], a) -> None:
-    print(f"standard (RandomResizedCrop 224, flip, Normalize to float32) on {a.images} photos, {a.repeats} repeats "
-          "interleaved: median (min-max); x floor: CPU per image over the whole decode's, paired per repeat")
+    print(f"standard (RandomResizedCrop 224, flip, Normalize to float32; the inception and vgg rows: enspipe's own) "
+          f"on {a.images} photos, {a.repeats} repeats interleaved: median (min-max); x floor: CPU per image over the "
+          "whole decode's, paired per repeat")
     print(f"{'row':62s} {'cores':>5s} {'images/s':>20s} {'CPU ms/img':>20s} x floor")
     for r in rows:
         for k in ks:

@@ -21,6 +21,11 @@ flip, colour distortion; or ``standard``: torchvision's RandomResizedCrop, flip 
   antialiased, flip, ToDtype and Normalize: float32 CHW out of the workers; ``standard`` only);
 * ``torchvision DataLoader, uint8``: the same with uint8 out of the workers, ToDtype and Normalize
   in the training loop;
+* ``DALI pipeline``: the same, each member's own DALI CPU pipeline (``device_id=None``) with its
+  share of the cores as DALI's threads, fed the records' bytes by ``external_source`` in a
+  shuffled order per epoch: ``decoders.image_random_crop`` (its ROI decode), ``resize``
+  (antialiased linear), ``crop_mirror_normalize`` (flip, float32 CHW), as DALI's ImageNet
+  example has it on a GPU (``standard`` only; it needs ``nvidia-dali-cuda130`` in the venv);
 * ``TensorSocket``: ``mpiexec -n N+1`` (MPI unused): rank 0 runs one ``own DataLoader`` inside a
   ``TensorProducer`` with all the cores' workers, ranks 1-N train from ``TensorConsumer`` s.
 
@@ -45,10 +50,11 @@ import traceback
 
 from cells import MPIEXEC, dataset, schedule, spread
 
-WAYS = ("enspipe", "own DataLoader", "torchvision DataLoader", "torchvision DataLoader, uint8", "TensorSocket")
+WAYS = ("enspipe", "own DataLoader", "torchvision DataLoader", "torchvision DataLoader, uint8", "DALI pipeline",
+        "TensorSocket")
 TORCHVISION = {"torchvision DataLoader": "float32", "torchvision DataLoader, uint8": "uint8"}
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-ONLY = os.environ.get("TORCH_WAYS_ONLY")  # a way's name: run that one alone (a check while changing it)
+ONLY = os.environ.get("TORCH_WAYS_ONLY")  # ways' names, comma-separated: those alone, beside enspipe
 WIDTHS = (32, 64, 128)
 PORTS = (5761, 5762, (5763, 5764))  # TensorSocket's data, acknowledgement and heartbeat ports
 
@@ -126,6 +132,49 @@ def _loader(data: str, batch: int, size: int, seed: int, workers: int, preproces
                                        generator=torch.Generator().manual_seed(seed))
 
 
+def _dali(data: str, batch: int, size: int, seed: int, threads: int):
+    """One member's DALI CPU pipeline over the records: a callable giving an epoch's batches
+    (float32 CHW images and labels as torch tensors), shuffled by ``seed`` and the epoch."""
+    import numpy as np
+    import torch
+    from nvidia.dali import fn, pipeline_def, types
+
+    from enspipe.data.build import load_manifest
+    from enspipe.data.order import RecordReader
+    from enspipe.data.records import parse_slim
+
+    m = load_manifest(data)
+    numbers = [(s, r) for s, c in enumerate(m.counts) for r in range(c)]
+    reader, todo = RecordReader(m, False), iter(())
+
+    def source():
+        chunk = [parse_slim(reader.read(*numbers[i])) for i in next(todo)]
+        return [np.frombuffer(e, np.uint8) for e, _ in chunk], [np.array(label, np.int64) for _, label in chunk]
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, seed=seed)
+    def pipe():
+        encoded, labels = fn.external_source(source=source, num_outputs=2, batch=True)
+        images = fn.decoders.image_random_crop(encoded, device="cpu", output_type=types.RGB, random_area=[0.08, 1.0],
+                                               random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+        images = fn.resize(images, resize_x=size, resize_y=size, antialias=True, interp_type=types.INTERP_LINEAR)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[x * 255 for x in MEAN], std=[x * 255 for x in STD],
+                                          mirror=fn.random.coin_flip(probability=0.5))
+        return images, labels
+
+    p = pipe(prefetch_queue_depth=1)  # no batch asked ahead of the epoch's last: the source runs dry only then
+    p.build()
+
+    def epoch(e: int):
+        nonlocal todo
+        order = np.random.default_rng([seed, e]).permutation(len(numbers))
+        todo = iter(order[k:k + batch] for k in range(0, len(order) // batch * batch, batch))
+        for _ in range(len(order) // batch):
+            images, labels = p.run()
+            yield torch.from_numpy(images.as_array()), torch.from_numpy(labels.as_array()).view(-1)
+    return epoch
+
+
 def _train(batches, net, optimizer, preprocess: str) -> int:
     import torch
 
@@ -186,6 +235,10 @@ def worker(a: argparse.Namespace) -> None:
             loader.dataset.epoch = epoch
             seen += _train(loader, net, optimizer, a.preprocess)
         del loader  # its worker processes exit: their CPU is counted as this process's children's
+    elif a.way == "DALI pipeline":
+        epoch = _dali(a.data, a.batch_size, a.image_size, member, max(1, cores // n))
+        for e in range(a.epochs):
+            seen += _train(epoch(e), net, optimizer, a.preprocess)
     else:
         from tensorsocket.consumer import TensorConsumer
 
@@ -227,8 +280,8 @@ def _write(a, rank: int, seconds: float, seen: int) -> None:
 
 
 def way(a: argparse.Namespace, name: str) -> dict:
-    if name in TORCHVISION and a.preprocess != "standard":
-        return {"failed": "torchvision's transform is standard's: run with --preprocess standard"}
+    if (name in TORCHVISION or name == "DALI pipeline") and a.preprocess != "standard":
+        return {"failed": f"{name.split()[0]}'s transform is standard's: run with --preprocess standard"}
     n = a.members + 1 if name == "TensorSocket" else a.members
     with tempfile.TemporaryDirectory() as out:
         cmd = [MPIEXEC, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out,
@@ -273,7 +326,7 @@ def main() -> None:
         return worker(a)
     a.data = dataset(a.images)
     got: dict[str, list] = {w: [None] * a.repeats for w in WAYS}
-    for rep, name in schedule([w for w in WAYS if not ONLY or w == ONLY], a.repeats):
+    for rep, name in schedule([w for w in WAYS if not ONLY or w in ("enspipe", *ONLY.split(","))], a.repeats):
         got[name][rep] = g = way(a, name)
         print(f"repeat {rep} {name}: {g}", flush=True)
     print(f"\n{a.members} members (pooled MLPs of width {', '.join(map(str, WIDTHS[:a.members]))}), {a.epochs} epochs "
