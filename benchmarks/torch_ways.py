@@ -80,16 +80,21 @@ class Records:
     def __len__(self) -> int:
         return len(self.numbers)
 
+    def encoded(self, i: int) -> tuple[bytes, int]:
+        """Record ``i``'s encoded image and label (its reader opened once per worker process)."""
+        from enspipe.data.order import RecordReader
+        from enspipe.data.records import parse_slim
+
+        if self._reader is None:
+            self._reader = RecordReader(self.m, False)
+        return parse_slim(self._reader.read(*self.numbers[i]))
+
     def __getitem__(self, i: int):
         import torch
 
         from enspipe.data import pixels
-        from enspipe.data.order import RecordReader
-        from enspipe.data.records import parse_slim
 
-        if self._reader is None:  # one per worker process
-            self._reader = RecordReader(self.m, False)
-        encoded, label = parse_slim(self._reader.read(*self.numbers[i]))
+        encoded, label = self.encoded(i)
         image = pixels.PREPROCESSING[self.preprocess](encoded, self.size,
                                                       pixels.generator(self.seed, self.epoch * len(self) + i))
         return torch.from_numpy(pixels.to_wire(self.preprocess, image, "uint8").copy()), label
@@ -109,16 +114,12 @@ class TorchvisionRecords(Records):
         from torchvision.io import decode_jpeg
         from torchvision.transforms import v2
 
-        from enspipe.data.order import RecordReader
-        from enspipe.data.records import parse_slim
-
-        if self._reader is None:  # one per worker process
-            self._reader = RecordReader(self.m, False)
+        if self._transform is None:  # one per worker process
             steps = [v2.RandomResizedCrop(self.size, antialias=True), v2.RandomHorizontalFlip()]
             if self.out == "float32":
                 steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
             self._transform = v2.Compose(steps)
-        encoded, label = parse_slim(self._reader.read(*self.numbers[i]))
+        encoded, label = self.encoded(i)
         return self._transform(decode_jpeg(torch.frombuffer(bytearray(encoded), dtype=torch.uint8))), label
 
 
@@ -139,16 +140,10 @@ def _dali(data: str, batch: int, size: int, seed: int, threads: int):
     import torch
     from nvidia.dali import fn, pipeline_def, types
 
-    from enspipe.data.build import load_manifest
-    from enspipe.data.order import RecordReader
-    from enspipe.data.records import parse_slim
-
-    m = load_manifest(data)
-    numbers = [(s, r) for s, c in enumerate(m.counts) for r in range(c)]
-    reader, todo = RecordReader(m, False), iter(())
+    records, todo = Records(data, size, seed), iter(())
 
     def source():
-        chunk = [parse_slim(reader.read(*numbers[i])) for i in next(todo)]
+        chunk = [records.encoded(i) for i in next(todo)]
         return [np.frombuffer(e, np.uint8) for e, _ in chunk], [np.array(label, np.int64) for _, label in chunk]
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, seed=seed)
@@ -167,7 +162,7 @@ def _dali(data: str, batch: int, size: int, seed: int, threads: int):
 
     def epoch(e: int):
         nonlocal todo
-        order = np.random.default_rng([seed, e]).permutation(len(numbers))
+        order = np.random.default_rng([seed, e]).permutation(len(records))
         todo = iter(order[k:k + batch] for k in range(0, len(order) // batch * batch, batch))
         for _ in range(len(order) // batch):
             images, labels = p.run()
