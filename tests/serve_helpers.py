@@ -26,8 +26,9 @@ class ServerProcess:
     """``enspipe serve`` on a dataset at 32 px; with ``ranks`` > 1, an MPI job whose rank r serves
     ``s-r.sock`` (``socks``); ``sock`` is rank 0's."""
 
-    def __init__(self, tmp_path, data, *extra, batch=8, memory="8MB", ranks=1, sock=None, umask=-1):
-        """``sock``: its socket (default: in ``tmp_path``); ``umask``: the server's (-1: this one's)."""
+    def __init__(self, tmp_path, data, *extra, batch=8, memory="8MB", ranks=1, sock=None, umask=-1, env=None):
+        """``sock``: its socket (default: in ``tmp_path``); ``umask``: the server's (-1: this one's);
+        ``env``: variables set for it."""
         sock = sock or str(tmp_path / ("s-{rank}.sock" if ranks > 1 else "s.sock"))
         self.socks = [sock.replace("{rank}", str(r)) for r in range(ranks)]
         self.sock = self.socks[0]
@@ -36,7 +37,8 @@ class ServerProcess:
                "32", "--socket", sock, "--memory", memory, "--workers", "2" if ranks == 1 else "1",
                "--status-interval", "0.2", *extra]
         self.proc = subprocess.Popen([MPIEXEC, "-n", str(ranks), *cmd] if ranks > 1 else cmd, stdout=self.log,
-                                     stderr=subprocess.STDOUT, text=True, umask=umask)
+                                     stderr=subprocess.STDOUT, text=True, umask=umask,
+                                     env={**os.environ, **(env or {})})
         from enspipe.serve.wire import live_server
 
         _wait_for(lambda: self.proc.poll() is not None or all(os.path.exists(s) and live_server(s)

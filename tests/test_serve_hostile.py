@@ -272,3 +272,46 @@ def test_a_group_lets_its_members_attach_and_no_one_else(tmp_path, dataset):
         shutil.rmtree(where, ignore_errors=True)
     r = enspipe("serve", "--data", dataset, "--batch-size", 8, "--group", "no-such-group-here")
     assert r.returncode == 2 and "no group 'no-such-group-here'" in r.stderr, r.stderr
+
+
+def _dies_at(sock_path: str, step: str) -> None:
+    """A consumer that dies at ``step`` of its life (the server holds there until it has gone:
+    :data:`enspipe.serve.server.HOLD_KEY`): before its hello, during its admission, between the
+    welcome and its first request, or with a batch asked for and not yet received."""
+    s = _raw(sock_path)
+    if step != "hello":
+        s.sendall(_frame(json.dumps({"op": "hello", "name": f"dies-at-{step}"}).encode()))
+    if step in ("request", "batch"):
+        assert "consumer" in _answer(s)
+    if step == "batch":
+        s.sendall(_frame(json.dumps({"op": "next", "release": []}).encode()))
+    s.close()
+
+
+@pytest.mark.parametrize("step", ["hello", "welcome", "request", "batch"])
+def test_a_consumer_that_dies_at_any_step_of_its_attach_is_let_go_and_a_65th_is_admitted(tmp_path, dataset, step):
+    """64 consumers (the default --max-consumers, all of which the pool holds) each die at ``step``;
+    then none is listed, no slot is in use, and a 65th attaches and gets a batch."""
+    import enspipe
+    from enspipe.serve.server import HOLD_KEY
+    server = ServerProcess(tmp_path, dataset, memory="64MB", env={HOLD_KEY: f"{step}:64"})
+    try:
+        for _ in range(64):
+            _dies_at(server.sock, step)
+
+        def ended() -> bool:  # the start's one probe and the 64, each accepted and ended
+            c = server.status()["connections"]
+            return c["accepted"] == c["closed"] >= 65
+
+        _wait_for(ended, what="the 64 connections' ends")
+        status = server.status()
+        assert status["consumers"] == [], status
+        # what was being made ahead for them, when they left, is cached once made
+        _wait_for(lambda: server.status()["memory"]["slots_in_use"] == 0, what="no slot in use")
+        assert status["consumers_left"] == (0 if step == "hello" else 64), status["departed"]
+        with enspipe.attach(server.sock) as last:
+            assert len(last.next_batch()[0]) == 8
+    finally:
+        log = server.output()
+        server.stop()
+    assert "Traceback" not in log, log

@@ -96,6 +96,7 @@ class Scheduler:
         for slot, k in c.holding.items():
             self.held[slot] -= k
         for slot in range(self.slots):
+            self.served[slot].discard(cid)  # it never comes back: a long search's ids do not pile up
             if cid in self.pending[slot]:
                 self.pending[slot].discard(cid)
                 self._maybe_cache(slot)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import signal
 import socket
 import struct
@@ -32,6 +33,11 @@ from enspipe.serve.schedule import Scheduler
 from enspipe.serve.status import Status
 
 HELLO_TIMEOUT_S = 10.0
+# tests only: "STEP:N", the step of a consumer's life at which the server waits until the consumer is
+# gone (its socket hung up) before going on, as if it died there, for the first N connections that reach
+# it: "hello" (before its hello is read), "welcome" (admitted, before the welcome is sent), "request"
+# (before its first request is read), "batch" (a batch made, before it is sent)
+HOLD_KEY = "ENSPIPE_FAULT_SERVE_HOLD"
 
 
 def status_path(sock: str) -> str:
@@ -70,6 +76,8 @@ class Server:
             self.status.decodes = lambda: self.maker.decodes
             self.status.pool_device = str(device) if device is not None else "host"
         self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}
+        step, _, count = os.environ.get(HOLD_KEY, "").partition(":")
+        self.hold = {step: int(count or 0)}
         self.mesh = None
         if comm is not None:
             from enspipe.serve.mesh import Mesh
@@ -104,6 +112,8 @@ class Server:
                     if self._idle_long(idle_since):
                         break
                     continue
+                with self.cond:
+                    self.status.accepted += 1
                 threading.Thread(target=self._consumer, args=(conn,), daemon=True, name="enspipe-consumer").start()
         finally:
             self._stop(listener)
@@ -170,6 +180,7 @@ class Server:
         cid, why = None, "closed"
         try:
             conn.settimeout(HELLO_TIMEOUT_S)
+            self._hold(conn, "hello")
             first = wire.recv(conn)  # read before any answer: a refused peer reads why, not a closed socket
             denied = self._denied(conn)
             if denied:
@@ -179,12 +190,17 @@ class Server:
             cid = self._admit(conn, wire.check_hello(first))
             if cid is None:
                 return
+            self._hold(conn, "welcome")
+            wire.send(conn, self._welcome(cid))  # a consumer gone by now is let go as any other: cid is known
             conn.settimeout(None)  # a consumer may train as slowly as it likes
+            self._hold(conn, "request")
             while not self.stopping.is_set():
                 op, release = wire.check_request(wire.recv(conn), self.pool.slots)
                 if op == "bye":
                     break
-                wire.send(conn, self._next(cid, release))  # with the slots of the batch before, copied out
+                batch = self._next(cid, release)  # with the slots of the batch before, copied out
+                self._hold(conn, "batch")
+                wire.send(conn, batch)
         except wire.Malformed as e:
             why = f"malformed: {e}"
             self._tell(conn, {"error": f"closed: {e}", "reason": "protocol"})
@@ -215,8 +231,19 @@ class Server:
         except OSError:
             pass
 
+    def _hold(self, conn: socket.socket, step: str) -> None:
+        """Where :data:`HOLD_KEY` names ``step``, wait (at most 30 s) until the consumer has hung up."""
+        with self.cond:
+            if self.hold.get(step, 0) <= 0:
+                return
+            self.hold[step] -= 1
+        poller = select.poll()
+        poller.register(conn, select.POLLHUP)
+        poller.poll(30_000)
+
     def _admit(self, conn: socket.socket, hello: dict) -> int | None:
-        """The new consumer's id, after its hello matches this server; else it is told why."""
+        """The new consumer's id, registered, after its hello matches this server; else it is told
+        why. The caller sends the welcome: whatever happens from here, it lets the id go."""
         problems = wire.differences(self.info, hello)
         with self.cond:
             if not problems and len(self.sched.consumers) >= self.capacity:
@@ -228,12 +255,14 @@ class Server:
             self.sched.attach(cid)
             self.wakers[cid] = threading.Condition(self.lock)
             self.status.attached(cid, conn, hello)
-        wire.send(conn, {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots, "images": self.pool.handle(),
-                         "shape": list(self.pool.shape), "dtype": self.pool.dtype.str,
-                         "num_images": self.m.num_images, "num_classes": self.m.num_classes,
-                         "layout": layout_of(self.opts.preprocessing),
-                         "pid": os.getpid(), **self.info})
         return cid
+
+    def _welcome(self, cid: int) -> dict:
+        """What an admitted consumer is told: its id, the pool and the stream."""
+        return {"consumer": cid, "pool": self.pool.path, "slots": self.pool.slots, "images": self.pool.handle(),
+                "shape": list(self.pool.shape), "dtype": self.pool.dtype.str,
+                "num_images": self.m.num_images, "num_classes": self.m.num_classes,
+                "layout": layout_of(self.opts.preprocessing), "pid": os.getpid(), **self.info}
 
     def _full(self) -> str:
         """Why one more consumer does not fit, naming the limit that applies and its fix."""
@@ -260,6 +289,7 @@ class Server:
                 self.sched.detach(cid)
                 self.status.detached(cid, why)
                 self.wakers.pop(cid, None)
+            self.status.closed += 1
             self._wake_all()
         if why.startswith(("malformed", "permission", "error")):
             peer = f"consumer {cid} ({who.get('name')}, pid {who.get('pid')})" if cid is not None else "a connection"

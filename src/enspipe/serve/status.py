@@ -8,6 +8,7 @@ A window is the time between two snapshots; its counts are what happened in it.
 """
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import time
@@ -27,7 +28,9 @@ class Status:
         self.sched, self.opts, self.pool_bytes = sched, opts, pool_bytes
         self.started = time.time()
         self.consumers: dict[int, dict] = {}
-        self.departed: list[dict] = []
+        self.departed: collections.deque[dict] = collections.deque(maxlen=50)  # the last ones, not a search's all
+        self.left = 0  # consumers that have left, all told
+        self.accepted = self.closed = 0  # connections accepted and ended, admitted or not
         self.connections: dict[int, socket.socket] = {}
         self.failures: list[str] = []
         self._last = self._counters()
@@ -47,6 +50,7 @@ class Status:
         self.connections.pop(cid, None)
         c = self.consumers.pop(cid, None)
         if c is not None:
+            self.left += 1
             c = {k: v for k, v in c.items() if not k.startswith("_")}
             self.departed.append({**c, "left_at": round(time.time() - self.started, 3), "how": why})
 
@@ -104,7 +108,8 @@ class Status:
                            "cached_bytes": (self.sched.occupied() - self.sched.in_use()) * self.opts.sample_bytes,
                            "slots": self.sched.slots, "slots_in_use": self.sched.in_use(),
                            "slots_cached": self.sched.occupied() - self.sched.in_use()},
-                "consumers": consumers, "departed": self.departed[-50:], "window": window, "total": total,
+                "consumers": consumers, "departed": list(self.departed), "consumers_left": self.left,
+                "connections": {"accepted": self.accepted, "closed": self.closed}, "window": window, "total": total,
                 **({"mpi": self.extra()} if self.extra else {})}
 
     def totals_line(self) -> str:
