@@ -294,6 +294,7 @@ def test_a_consumer_that_dies_at_any_step_of_its_attach_is_let_go_and_a_65th_is_
     then none is listed, no slot is in use, and a 65th attaches and gets a batch."""
     import enspipe
     from enspipe.serve.server import HOLD_KEY
+
     server = ServerProcess(tmp_path, dataset, memory="64MB", env={HOLD_KEY: f"{step}:64"})
     try:
         for _ in range(64):

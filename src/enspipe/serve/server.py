@@ -77,7 +77,7 @@ class Server:
             self.status.pool_device = str(device) if device is not None else "host"
         self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}
         step, _, count = os.environ.get(HOLD_KEY, "").partition(":")
-        self.hold = {step: int(count or 0)}
+        self.hold = {step: int(count or 0)} if step else {}
         self.mesh = None
         if comm is not None:
             from enspipe.serve.mesh import Mesh
@@ -233,8 +233,10 @@ class Server:
 
     def _hold(self, conn: socket.socket, step: str) -> None:
         """Where :data:`HOLD_KEY` names ``step``, wait (at most 30 s) until the consumer has hung up."""
+        if step not in self.hold:  # every batch passes here: no lock unless the hook is set
+            return
         with self.cond:
-            if self.hold.get(step, 0) <= 0:
+            if self.hold[step] <= 0:
                 return
             self.hold[step] -= 1
         poller = select.poll()
