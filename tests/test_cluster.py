@@ -127,6 +127,31 @@ def test_a_lost_node_fails_the_cell_and_a_rerun_completes(dataset, tmp_path, fau
     assert len({x["host"] for x in summary(rerun)["ranks"]}) == 3
 
 
+MEMBER = os.path.join(ROOT, "tests", "stream_member.py")
+END_S = 15  # s: beyond the peer timeout, for the abort's grace and srun's end of the step, on a loaded machine
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_member_that_hangs_under_srun_ends_the_job_within_peer_timeout(dataset, tmp_path, nodes):
+    """`srun` of two SharedStream members (tests/stream_member.py), on one node or one per node; the
+    last is stopped (SIGSTOP) at its third batch. Its successor's heartbeat names it after the peer
+    timeout and aborts the job: on its own host it SIGKILLs it first, on another node srun ends
+    the step. Either way the job ends within the peer timeout plus END_S of the signal."""
+    options = {"data": dataset, "batch_size": 10, "image_size": 32, "backend": "pillow", "peer_timeout": PEER_TIMEOUT}
+    spec = json.dumps([["c", "stop", options]])
+    cmd = ["srun", "-N", str(nodes), "-n", "2", f"--ntasks-per-node={2 // nodes}", "--mpi=pmi2", "--kill-on-bad-exit=1",
+           sys.executable, MEMBER, "cases", str(tmp_path), spec]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                       env={**os.environ, "ENSPIPE_TEST_HANG_S": "150"})
+    ended = time.time()
+    assert r.returncode != 0 and not list((tmp_path / "c").glob("member*.json")), said(r)
+    took = ended - float((tmp_path / "c" / "signalled_at").read_text())
+    print(f"srun, {nodes} node(s): the job ended {took:.1f} s after the signal")
+    assert took < PEER_TIMEOUT + END_S, f"the job ended {took:.1f} s after the signal; {said(r)}"
+    assert "member 0: member 1 silent for" in r.stderr, said(r)
+    assert ("ended with SIGKILL" in r.stderr) == (nodes == 1), said(r)  # on its host only
+
+
 @pytest.mark.slow
 def test_the_workflow_spreads_cells_and_a_fleet_arm_over_nodes(tmp_path):
     """config/cluster.yaml through `snakemake --profile slurm` (the one Slurm run of the workflow:

@@ -352,3 +352,29 @@ def test_a_stuck_end_writes_every_threads_stack_and_calls_on_stall(capfd):
         pass
     time.sleep(0.1)
     assert stalled == [0.2]
+
+
+def test_a_lost_peer_is_ended_only_where_it_is_the_same_process_on_this_host():
+    """end_process SIGKILLs a stopped process by its identity (a stopped one takes no SIGTERM), and
+    nothing where the identity names another host, a reused pid (another start time) or itself."""
+    import signal
+
+    from enspipe.common.host import _started, end_process, process_identity
+
+    me = process_identity()
+    assert me["pid"] == os.getpid() and me["started"] == _started(os.getpid()) is not None
+    assert not end_process(me)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        identity = {**me, "pid": child.pid, "started": _started(child.pid)}
+        assert not end_process({**identity, "host": "another-host"})
+        assert not end_process({**identity, "boot": "another-boot"})
+        assert not end_process({**identity, "started": identity["started"] - 1})  # the pid, reused
+        assert child.poll() is None
+        assert end_process(identity)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert not end_process(identity)  # gone
+    finally:
+        child.kill()
+        child.wait()

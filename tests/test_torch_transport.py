@@ -87,17 +87,34 @@ def test_every_scheme_over_torch_gives_mpi4pys_batches_bit_for_bit(dataset, tmp_
         assert all(b == _batches(reference)[0] for b in _batches(reference)), case  # one stream, shared
 
 
+END_S = 15  # s: beyond peer_timeout, for the job's end (the abort's grace, the launcher's clean-up) on a loaded machine
+# launcher and options: torchrun over the members' shared ring and over gloo, mpiexec with mpi4py
+ENDINGS = {"torchrun_shm": ("torchrun", {}), "torchrun_gloo": ("torchrun", {"node_shm": False}),
+           "mpiexec_mpi4py": ("mpiexec", {})}
+
+
 @pytest.mark.timing
+@pytest.mark.parametrize("way", ENDINGS)
 @pytest.mark.parametrize("mode", ["kill", "stop"])
-def test_a_member_that_dies_or_hangs_under_torchrun_ends_the_job(dataset, tmp_path, mode):
-    """SIGKILL: gloo's connections close and torchrun ends the job. SIGSTOP (alive, silent): the
-    heartbeat's successor names it after peer_timeout and aborts; torchrun then ends the rest
-    (its SIGTERM, then SIGKILL 30 s later for the stopped one), long before gloo's 30 min."""
-    cases = {"c": (mode, {"data": dataset, **COMMON, "peer_timeout": 5})}
-    r, res = _launch("torchrun", 2, tmp_path, cases, timeout=180)
+def test_a_member_that_dies_or_hangs_ends_the_job_within_peer_timeout(dataset, tmp_path, mode, way):
+    """SIGKILL (dies) or SIGSTOP (alive, silent) to the last member at its third batch: the job ends
+    within peer_timeout (plus END_S) of the signal. A stopped member is named by its successor's
+    heartbeat, which SIGKILLs it (it is on this host) before aborting: a stopped process takes no
+    SIGTERM, so torchrun would wait 30 s more for it, and gloo's own timeout is 30 min."""
+    import time
+
+    launcher, extra = ENDINGS[way]
+    peer_timeout = 5
+    cases = {"c": (mode, {"data": dataset, **COMMON, **extra, "peer_timeout": peer_timeout})}
+    r, res = _launch(launcher, 2, tmp_path, cases, timeout=180)
+    ended = time.time()
     assert r.returncode != 0 and res["c"] == [], said(r)
+    took = ended - float((tmp_path / "c" / "signalled_at").read_text())
+    print(f"{way} {mode}: the job ended {took:.1f} s after the signal")
+    assert took < peer_timeout + END_S, f"the job ended {took:.1f} s after the signal; {said(r)}"
     if mode == "stop":
         assert "member 0: member 1 silent for" in r.stderr, said(r)
+        assert "enspipe: rank 1 (pid " in r.stderr and "ended with SIGKILL" in r.stderr, said(r)
 
 
 def test_members_that_disagree_are_told_which(dataset, tmp_path):

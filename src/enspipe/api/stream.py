@@ -317,7 +317,8 @@ class SharedStream(StreamAdapters):
         from enspipe.engine.member import fail_job
 
         fail_job(self._comm, f"enspipe: error: {reason}; aborting the job so that no member waits for this one",
-                 directory=self._log_dir, rank=self._comm.Get_rank(), tb=tb, echo_tb=True)
+                 directory=self._log_dir, rank=self._comm.Get_rank(), tb=tb, echo_tb=True,
+                 heartbeat=getattr(self, "_heartbeat", None))
 
     def _at_exit(self) -> None:
         if not self._closed:

@@ -1,9 +1,12 @@
 """This process's machine and launch: its kernel's boot id, one per booted machine and shared by
 every host (container, network-namespaced node) on it, since they share its CPUs and
-``/proc/stat``; and the rank and size of the MPI job its launcher started, before MPI starts."""
+``/proc/stat``; the rank and size of the MPI job its launcher started, before MPI starts; and a
+process's identity (host, boot, pid, start time), by which a peer on its host may end it."""
 from __future__ import annotations
 
 import os
+import signal
+import socket
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -31,3 +34,40 @@ def launched() -> tuple[int, int] | None:
         if size and rank and size.isdigit() and rank.isdigit():
             return int(rank), int(size)
     return None
+
+
+def _started(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or None
+    where it is gone or cannot be read; with the pid and boot id, it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": the comm may hold spaces
+    return int(fields[19])  # field 22 of the whole line: state is field 3, fields[0] here
+
+
+def process_identity() -> dict:
+    """This process, named so that another on its host can end it, and only it:
+    ``{host, boot, pid, started}``."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "boot": boot_id(), "pid": pid, "started": _started(pid)}
+
+
+def end_process(identity: dict) -> bool:
+    """SIGKILL the process ``identity`` names (:func:`process_identity`) where it is on this host,
+    is still the same process (its pid not reused: the same start time) and is not this one; True
+    where the signal was sent. A stopped process takes no SIGTERM until it is continued; SIGKILL
+    ends it at once."""
+    same_host = identity.get("host") == socket.gethostname() and identity.get("boot") == boot_id()
+    pid = identity.get("pid")
+    if not same_host or not isinstance(pid, int) or pid == os.getpid() or identity.get("started") is None:
+        return False
+    if _started(pid) != identity["started"]:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True

@@ -10,7 +10,10 @@ clean-up, tens of seconds later, or finish the cell as if nothing had happened. 
   sends a beat to its successor and checks that one came from its predecessor; a rank that hears
   nothing for ``timeout`` seconds declares the predecessor lost and calls ``on_loss`` (which
   records why and aborts the job). A lost member is noticed within ``timeout`` seconds wherever
-  the others are blocked.
+  the others are blocked. Where the lost predecessor runs on the same host, the job's abort
+  first ends it with SIGKILL (:meth:`Heartbeat.end_lost`, once ``on_loss`` has said why): a
+  stopped process takes no SIGTERM, so a launcher that ends its job with SIGTERM (``torchrun``'s
+  agent) would wait out its own grace (30 s) for that one.
 
 The ring ends without ``MPI_Cancel``: each rank sends its successor a last beat (:data:`BYE`) and
 takes its predecessor's beats until that one's arrives, so every send and receive completes.
@@ -37,6 +40,8 @@ import time
 from contextlib import contextmanager
 
 import numpy as np
+
+from enspipe.common.host import end_process, process_identity
 
 PR_SET_PDEATHSIG = 1
 TAG = 7_001
@@ -65,11 +70,13 @@ class Heartbeat:
     def __init__(self, comm, on_loss, on_stall, interval: float = 0.5, timeout: float = 10.0):
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.processes = self.comm.allgather(process_identity())  # each rank's, to end a lost one on this host
         self.on_loss, self.interval, self.timeout = on_loss, interval, timeout
         self.on_stall = on_stall  # (seconds): the end took longer than it may (see finish)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="enspipe-heartbt", daemon=True)
         self.heard = time.monotonic()
+        self.lost: int | None = None  # the predecessor found lost
         self.ended = True  # every request of the ring completed (False: a BYE never came)
 
     def start(self) -> "Heartbeat":
@@ -91,9 +98,22 @@ class Heartbeat:
                 recv = self._next(inbox, pred)
             silent = time.monotonic() - self.heard
             if recv is not None and silent > self.timeout and not self._stop.is_set():
+                self.lost = pred
                 self.on_loss(pred, silent)
                 return
         self.ended = self._end(recv, inbox, pred, [*sending, self._send(BYE, succ)])
+
+    def end_lost(self) -> None:
+        """SIGKILL the predecessor found lost where it runs on this host (alive but stopped or
+        stuck, it would hold up the job's end), saying so; nothing where none was lost. The job's
+        abort calls it (:func:`enspipe.engine.member.fail_job`), after saying why: a launcher may
+        end the whole job as soon as one of its processes dies."""
+        if self.lost is None:
+            return
+        process = self.processes[self.lost]
+        if end_process(process):
+            print(f"enspipe: rank {self.lost} (pid {process['pid']}, on this host) silent for over "
+                  f"{self.timeout:.0f} s: ended with SIGKILL before the job is aborted", file=sys.stderr, flush=True)
 
     def _next(self, inbox, pred: int):
         """The receive for the predecessor's next beat, once one arrived; None after its BYE (it

@@ -89,12 +89,15 @@ def leave_error(directory: str | None, rank: int, said: str, tb: str = "", recor
 
 
 def fail_job(comm, said: str, *, directory: str | None, rank: int, tb: str = "", record: dict | None = None,
-             echo_tb: bool = False) -> None:
+             echo_tb: bool = False, heartbeat: Heartbeat | None = None) -> None:
     """Say why on stderr (``echo_tb``: the traceback too), leave the error file, and end the whole
     job (``MPI_Abort``, or the torch transport's own abort) after :data:`ABORT_GRACE_S`: the
     launcher needs that long to pass on what was just said (without it the message was lost behind
-    the job's end on a loaded CI machine)."""
+    the job's end on a loaded CI machine). A peer the ``heartbeat`` found lost on this host is
+    ended just before (:meth:`~enspipe.common.liveness.Heartbeat.end_lost`)."""
     print(said + ("\n" + tb if echo_tb and tb else ""), file=sys.stderr, flush=True)
     leave_error(directory, rank, said, tb, record)
     time.sleep(ABORT_GRACE_S)
+    if heartbeat is not None:
+        heartbeat.end_lost()
     comm.Abort(1)

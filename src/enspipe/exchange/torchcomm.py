@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from enspipe.common.host import boot_id
 from enspipe.plan.errors import ConfigError
 
 TORCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -260,12 +261,7 @@ def _colours(keyed: list) -> list[tuple[object, list[int]]]:
 
 def host_id() -> str:
     """This host, as MPI's shared-memory split sees it: its name and its kernel's boot."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    return f"{socket.gethostname()}/{boot_id()}"
 
 
 UNDEFINED = "enspipe:undefined-colour"  # MPI.UNDEFINED: a colour that joins no communicator

@@ -74,11 +74,13 @@ def _placed(cfg: RunConfig, comm):
 
 def _heartbeat(cfg: RunConfig, comm, build, progress: dict):
     rank = comm.Get_rank()
-    return build.heartbeat(cfg.faults.peer_timeout, on_loss=lambda peer, silent: fail(
-        cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)"),
+    heartbeat = build.heartbeat(cfg.faults.peer_timeout, on_loss=lambda peer, silent: fail(
+        cfg, comm, progress, f"rank {rank}: rank {peer} silent for {silent:.0f} s, lost (its node or process died)",
+        heartbeat=heartbeat),
         on_stall=lambda seconds: fail(
             cfg, comm, progress, f"rank {rank}: the cell's last barrier and the heartbeat's end took over {seconds:.0f} s "
             "with every rank alive (each thread's stack is in the log above)"))
+    return heartbeat
 
 
 def _clear_earlier_results(cfg: RunConfig, comm) -> None:
@@ -192,9 +194,10 @@ def life(cfg: RunConfig, comm, consumer, preprocessing: str, epoch_images: int) 
                 cfg.lives.min_delta, epoch_images)
 
 
-def fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "") -> None:
+def fail(cfg: RunConfig, comm, progress: dict, reason: str, tb: str = "", heartbeat=None) -> None:
     """Leave why next to the event logs and end the whole job
     (:func:`enspipe.engine.member.fail_job`): ``error.rankNNNN.txt`` (with the traceback) and
     ``failed.rankNNNN.json`` (where the rank got to), then ``MPI_Abort``."""
     record = {**progress, "reason": reason, "time": time.time(), "config": cfg.to_dict()}
-    fail_job(comm, f"enspipe: error: {reason}", directory=cfg.out, rank=progress["rank"], tb=tb, record=record)
+    fail_job(comm, f"enspipe: error: {reason}", directory=cfg.out, rank=progress["rank"], tb=tb, record=record,
+             heartbeat=heartbeat)
