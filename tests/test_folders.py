@@ -142,6 +142,22 @@ def test_a_folder_given_to_a_two_member_cell_is_accounted_and_delivered_exactly_
         assert rank["epochs"][0]["count"] == 18 and rank["epochs"][0]["missing"] == 1
 
 
+@pytest.mark.mpi
+def test_a_pillow_cells_summary_counts_the_images_its_workers_decoded_whole(quirky, tmp_path):
+    """On 2 cores the pillow backend's worker processes decode; the images the region decode cannot
+    take (ImageNet's PNG named .JPEG, a CMYK JPEG) are decoded whole, and the summary counts them
+    by reason."""
+    root, _ = quirky
+    r = enspipe("run", "--data", root, "--out", tmp_path / "o", "--scheme", "baseline", "--network", "tiny",
+                "--consumer", "peak", "--batch-size", "4", "--steps", "10", "--warmup", "0", "--image-size", "32",
+                "--backend", "pillow", "--preprocess", "standard", "--cores", "2", "--on-corrupt", "skip",
+                "--cpu-monitor", "none", n=1)
+    assert r.returncode == 0, said(r)
+    (rank,) = summary(tmp_path / "o")["ranks"]
+    whole = rank["decodes"]["decoded_whole"]
+    assert whole.get("not a JPEG (PNG)", 0) >= 1 and whole.get("not RGB or grey (CMYK)", 0) >= 1, whole
+
+
 def test_the_library_says_what_it_left_out_and_delivers_each_once(quirky, tmp_path):
     root, _ = quirky
     code = ("import enspipe\n"

@@ -95,3 +95,29 @@ def test_the_region_decodes_own_refusals():
     assert isinstance(_jpegregion.decode(b"\xff\xd8not a jpeg", 1, 0, 0, 8, 8), str)
     buf, width, height, left, top = _jpegregion.decode(photo, 2, 33, 17, 60, 40)
     assert left <= 33 and left + width >= 60 and (height, top) == (23, 17) and len(buf) == width * height * 3
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # in the member's process; on 2 worker processes
+def test_the_images_decoded_whole_are_counted_by_the_engine_wherever_they_were_decoded(threads):
+    """The pillow engine's ``decodes`` (a cell's summary, the event log and the server's status
+    report it) counts each image decoded whole by reason, whether the member's own thread or its
+    worker processes decoded it."""
+    from enspipe.engine.backends.pillow import PillowEngine
+
+    rng = np.random.default_rng(1)
+    png = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (64, 80, 3), np.uint8)).save(png, "PNG")
+    encoded = [b for _, b in photo_jpegs(3)] + [png.getvalue()] * 2
+    engine = PillowEngine("standard", 32, False, "uint8", 7, threads=threads, skip_corrupt=False)
+    try:
+        assert engine.decodes == {"decoded_whole": {}}
+        n = len(encoded)
+        item = {"encoded": encoded, "position": np.arange(n), "id": np.arange(n), "epoch": np.zeros(n, np.int64),
+                "label": np.zeros(n, np.int64)}
+        images, failed = engine._images(item)
+        assert len(images) == n and failed == {}
+        whole = {"not a JPEG (PNG)": 2, **({} if decoding.REGION_DECODE else {"region decode not built": 3})}
+        assert engine.decodes == {"decoded_whole": whole}
+        assert (engine.workers is not None) == (threads > 1)
+    finally:
+        engine.close()

@@ -38,7 +38,8 @@ EVENTS: dict[str, str] = {
     MEMBER_EPOCH: "--member-epochs: the member trained another epoch: its epochs so far, validation loss, whether "
                   "it converged (early stopping), the checkpoint written, the step from which it idles",
     END: "the rank is done (with the failure, if an epoch came up short)",
-    DECODES: "the gpu backend's images decoded on its device and on the CPU (those nvJPEG refused), at its end",
+    DECODES: "the preprocess stage's decodes at its end: the gpu backend's on its device and on the CPU (those "
+             "nvJPEG refused), the pillow backend's images decoded whole for a crop, by reason",
 }
 
 # -- summary.json: the cell, written by rank 0 last and atomically --------------------------------

@@ -127,6 +127,7 @@ class Pipeline:
         self.samples: list[tuple[float, int, int, int]] = []
         self._threads: list[threading.Thread] = []
         self._prep_engine = None  # the preprocess stage's engine (enspipe.engine.backends), kept until close()
+        self._decodes = None  # its decodes at its end (decodes())
         self.preprocessed = 0  # images this member's preprocess stage has produced
         self.clock = StageClock()  # the stages' working (not waiting) wall time; see enspipe.measure.stages
         # the exchange stage's steps: begun, completed, and the limit it may not pass (None: none)
@@ -236,8 +237,16 @@ class Pipeline:
         engine, self._prep_engine = self._prep_engine, None
         if engine is not None:
             if hasattr(engine, "decodes"):
-                self.events.log(keys.DECODES, **engine.decodes)
+                self._decodes = engine.decodes
+                self.events.log(keys.DECODES, **self._decodes)
             engine.close()
+
+    def decodes(self) -> dict | None:
+        """The preprocess stage's decodes (its engine's ``decodes``: the images the pillow backend
+        decoded whole, by reason; the gpu backend's on the device and on the CPU): now, or at its
+        end; None for an engine that does not count them."""
+        engine = self._prep_engine
+        return engine.decodes if engine is not None and hasattr(engine, "decodes") else self._decodes
 
     def _drop_skipped(self, raw: dict, images, meta):
         """Record and log each image the slice ``raw`` lost (its preprocessing skipped it)."""

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from enspipe.data.decoding import whole_decodes
 from enspipe.engine.memory import set_malloc
 
 _PR_SET_PDEATHSIG = 1
@@ -42,6 +43,7 @@ def main(fd: int, parent: int) -> None:
     shape, dtype = tuple(init["shape"]), np.dtype(init["dtype"])
     crash = int(os.environ.get(FAULT_KEY, "-1"))
     inp = out = None
+    told: dict[str, int] = {}  # the whole decodes counted in replies so far
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
@@ -67,7 +69,11 @@ def main(fd: int, parent: int) -> None:
             except Exception as e:  # noqa: BLE001 - undecodable (1), or the function's own failure (2), named
                 status[i] = 1 if isinstance(e, errors) else 2
                 why.append(f"{type(e).__name__}: {e}".replace("\0", " "))
-        reply = struct.pack("<q", len(rows)) + bytes(status) + "\0".join(why).encode()
+        why_bytes = "\0".join(why).encode()
+        now = whole_decodes()
+        whole = {k: n - told.get(k, 0) for k, n in now.items() if n != told.get(k, 0)}
+        told = now
+        reply = struct.pack("<qq", len(rows), len(why_bytes)) + bytes(status) + why_bytes + json.dumps(whole).encode()
         try:
             sock.send(reply)
         except (BrokenPipeError, ConnectionResetError):

@@ -32,7 +32,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 
@@ -144,6 +144,7 @@ class WorkerPool:
         self.lane_bytes = self.lane_slots = 0
         self.jobs: deque[_Job] = deque()   # in flight, in the order submitted
         self.todo: deque = deque()         # (job, chunk of rows) not yet sent
+        self.whole_decodes: Counter = Counter()  # images the workers decoded whole, by reason (data.decoding)
         self.sel = selectors.DefaultSelector()
         for w in self.workers:
             self.sel.register(w.sock, selectors.EVENT_READ, w)
@@ -270,9 +271,13 @@ class WorkerPool:
         w.held.append((job, chunk))
 
     def _done(self, job: _Job, chunk: np.ndarray, reply: bytes) -> None:
-        (m,) = struct.unpack_from("<q", reply)
-        status = reply[8:8 + m]
-        why = iter(reply[8 + m:].decode().split("\0"))
+        """A chunk's answer: its rows, the length of its reasons, a status byte per row, the reasons
+        of those that failed, and the images the worker decoded whole since its last answer
+        (JSON, by reason)."""
+        m, n = struct.unpack_from("<qq", reply)
+        status = reply[16:16 + m]
+        why = iter(reply[16 + m:16 + m + n].decode().split("\0"))
+        self.whole_decodes.update(json.loads(reply[16 + m + n:]))
         base = self._first_slot(job)
         for row, bad in zip(chunk, status):
             if bad:  # 2: the function's own exception, not an undecodable image

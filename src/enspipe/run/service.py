@@ -222,6 +222,9 @@ class ServicePipeline:
     def skipped(self, batches: int) -> dict:
         return {}  # corrupt records cannot be skipped and counted in the service's graph (refused up front)
 
+    def decodes(self) -> None:
+        return None  # the tf.data service's workers decode, in their own processes
+
     def pause(self) -> None:
         pass  # the service's workers run on; a member only reads what they made
 

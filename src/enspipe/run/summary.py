@@ -99,6 +99,7 @@ def rank_report(job: Job, w: Window, warmup_steps: int, discarded: int) -> dict:
         "delivery": member.delivery.summary(),
         "gradient_exchange": _exchange_report(job) if max(cfg.training.data_parallel) > 1 else None,
         "decode_cache": job.pipeline.cache.report() if getattr(job.pipeline, "cache", None) else None,
+        "decodes": job.pipeline.decodes(),  # e.g. the images the region decode passed to the whole decode, by reason
     }
 
 

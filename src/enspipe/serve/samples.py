@@ -207,7 +207,8 @@ class SampleMaker:
 
     @property
     def decodes(self) -> dict | None:
-        """A GPU backend's decodes on its device and on the CPU; None for the others."""
+        """The backend's decodes: a GPU backend's on its device and on the CPU, the pillow backend's
+        images decoded whole by reason; None for a backend that does not count them."""
         return getattr(self.backend, "decodes", None)
 
     def make(self, samples: list, positions: list) -> tuple:

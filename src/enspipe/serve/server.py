@@ -72,8 +72,9 @@ class Server:
         self.ids = itertools.count()
         self.stopping = threading.Event()
         self.status = Status(self.sched, opts, self.pool.bytes)
-        if opts.backend_row.on_gpu:
+        if self.maker.decodes is not None:
             self.status.decodes = lambda: self.maker.decodes
+        if opts.backend_row.on_gpu:
             self.status.pool_device = str(device) if device is not None else "host"
         self.info = {**opts.hello(), "data": str(opts.data), "digest": manifest.digest}
         step, _, count = os.environ.get(HOLD_KEY, "").partition(":")

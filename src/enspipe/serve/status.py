@@ -36,7 +36,7 @@ class Status:
         self._last = self._counters()
         self._cpu_first_attach = None  # the server's CPU when its first consumer attached
         self.extra = None  # a rank's part in an MPI server (enspipe.serve.mesh), as a callable
-        self.decodes = None  # the gpu backend's images decoded on the device and on the CPU, as a callable
+        self.decodes = None  # the backend's decodes (SampleMaker.decodes), as a callable
         self.pool_device = "host"  # where the pool's images are: /dev/shm, or a GPU
 
     def attached(self, cid: int, conn: socket.socket, hello: dict) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from enspipe.common import spelling
 from enspipe.data import transforms
+from enspipe.data.decoding import whole_decodes
 from enspipe.data.manifest import DataError
 from enspipe.data.order import NumpyOrder, read_share
 from enspipe.data.parse import resolve
@@ -82,6 +84,7 @@ class PillowEngine:
         dtype = self.dtype
         self.workers = self.pool = None
         self.user = not isinstance(preprocessing, str)
+        self._whole_before = Counter(whole_decodes())  # this process's, before this engine's images
         self.name = f"preprocess {preprocessing.name}" if self.user else f"the {preprocessing} preprocessing"
         if self.user:  # a user's augmentation: on worker processes alone, seeded there
             from enspipe.engine.workers import WorkerPool
@@ -184,6 +187,16 @@ class PillowEngine:
                 resumed = time.perf_counter()
             pending = ahead
 
+    @property
+    def decodes(self) -> dict:
+        """The images this engine decoded whole for a crop (the region decode could not take them),
+        by reason (:func:`enspipe.data.decoding.whole_decodes`): in this process since it started,
+        and in its worker processes."""
+        whole = Counter(whole_decodes()) - self._whole_before
+        if self.workers is not None:
+            whole += self.workers.whole_decodes
+        return {"decoded_whole": dict(whole)}
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
@@ -229,6 +242,13 @@ class PillowMaker:
     def make(self, encoded: list, positions: list, samples: list) -> tuple[np.ndarray, dict]:
         """The images (undefined where one failed) and ``{index: why}`` for those that failed."""
         return self._pool().map(encoded, positions, samples, [0] * len(encoded))
+
+    @property
+    def decodes(self) -> dict:
+        """The images its worker processes decoded whole for a crop, by reason (as
+        :attr:`PillowEngine.decodes`)."""
+        with self._lock:
+            return {"decoded_whole": dict(sum((p.whole_decodes for p in self._pools), Counter()))}
 
     def close(self) -> None:
         with self._lock:
