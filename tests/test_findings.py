@@ -59,12 +59,20 @@ def test_core_limit_finding():
 
 
 def test_solo_parallel_finding():
-    def t1(par, over=False):
-        return frame({"network": "alexnet_v2", "cores": "1", "run": "solo", "n": 1, "avg": 10.0, "oversubscribed": False},
-                     {"network": "alexnet_v2", "cores": "1", "run": "parallel (n=2)", "n": 2, "avg": par,
-                      "oversubscribed": over})
+    def t1(par, over=False, spread=0.01):
+        def row(run, n, avg, over):
+            return {"network": "alexnet_v2", "cores": "1", "run": run, "n": n, "avg": avg, "oversubscribed": over,
+                    "repeat_spread": spread}
+        return frame(row("solo", 1, 10.0, False), row("parallel (n=2)", 2, par, over))
     assert holds(findings.solo_parallel_finding, table1=t1(10.4)) == YES
     assert holds(findings.solo_parallel_finding, table1=t1(15.0)) == NO
+    assert holds(findings.solo_parallel_finding, table1=t1(11.5)) == NO
+    # repeats 17% apart: a ratio of two cells strays by up to 41%, so 1.15x against 1.10x says nothing
+    assert holds(findings.solo_parallel_finding, table1=t1(11.5, spread=0.17)) == findings.WITHIN_NOISE
+    assert holds(findings.solo_parallel_finding, table1=t1(16.5, spread=0.17)) == NO  # 1.65x: past it
+    drifting = cells(*[solo(consumer="peak", images_per_second_per_member=v, rep=r)  # the run's repeats elsewhere
+                       for r, v in enumerate([100.0, 117.0, 100.0])])
+    assert holds(findings.solo_parallel_finding, drifting, table1=t1(11.5)) == findings.WITHIN_NOISE
     assert holds(findings.solo_parallel_finding, table1=t1(10.4, over=True)) == UNTESTABLE
 
 

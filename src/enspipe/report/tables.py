@@ -173,16 +173,21 @@ def solo_vs_parallel(df: pd.DataFrame) -> pd.DataFrame:
         if not ((g["n"] == 1).any() and (g["n"] > 1).any()):
             continue
         for n, cells in g.groupby("n"):
-            times = [r["seconds"] for _, row in cells.iterrows() for r in summary(row)["ranks"]]
+            runs = [[r["seconds"] for r in summary(row)["ranks"]] for _, row in cells.iterrows()]
+            times = [t for run in runs for t in run]
+            means = np.array([np.mean(run) for run in runs])
             hosts = len(set(",".join(cells["hosts"].astype(str)).split(",")))
             rows.append({"network": network, "cores": cores, "consumer": consumer,
                          "run": "solo" if n == 1 else f"parallel (n={n})", "n": n, "hosts": hosts,
                          "oversubscribed": bool(flag(cells, "oversubscribed").any()),
                          "runs": len(cells), "samples": len(times), "avg": float(np.mean(times)),
                          "std": float(np.std(times, ddof=1)) if len(times) > 1 else 0.0,
-                         "min": float(np.min(times)), "max": float(np.max(times))})
+                         "min": float(np.min(times)), "max": float(np.max(times)),
+                         # the largest distance of a repeat's mean from their median (0 for fewer than 3)
+                         "repeat_spread": float(np.max(np.abs(means / np.median(means) - 1))) if len(means) >= 3
+                         else 0.0})
     cols = ["network", "cores", "consumer", "run", "n", "hosts", "oversubscribed", "runs", "samples", "avg", "std",
-            "min", "max"]
+            "min", "max", "repeat_spread"]
     return pd.DataFrame(rows, columns=cols)
 
 
