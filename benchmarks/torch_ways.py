@@ -342,6 +342,32 @@ def main() -> None:
               f"{spread([r['cpu'] for r in rows], 1, 1)} | {spread([r['rate'] for r in rows], 1, 0)} | "
               f"{spread([r['cpu'] / b['cpu'] for r, b in zip(rows, base)])} | "
               f"{spread([r['wall'] / b['wall'] for r, b in zip(rows, base)])} |")
+    goals(a, got)
+
+
+TV = "torchvision DataLoader"
+RATE_GOAL, CPU_GOAL = 1.3, 0.5  # n = 1: enspipe's images/s over torchvision's DataLoader's; n > 1: its job's CPU
+
+
+def goals(a, got: dict) -> None:
+    """The performance goals (issue 68's), met or not, each from ratios paired per repeat: at
+    n = 1 enspipe's rate at least RATE_GOAL x the torchvision DataLoader's, at n > 1 its job's CPU
+    at most CPU_GOAL x theirs."""
+    pairs = [(e, t) for e, t in zip(got["enspipe"], got[TV]) if e and t and "failed" not in e and "failed" not in t]
+    if not pairs:
+        print(f"\ngoal: not judged: enspipe and the {TV} did not both run")
+        return
+    if a.members == 1:
+        ratios, want, what = [e["rate"] / t["rate"] for e, t in pairs], RATE_GOAL, "images/s per member"
+        met = min(ratios) >= want
+    else:
+        ratios, want, what = [e["cpu"] / t["cpu"] for e, t in pairs], CPU_GOAL, "job's CPU"
+        met = max(ratios) <= want
+    median = sorted(ratios)[len(ratios) // 2]
+    verdict = "met" if met else ("met at the median, not in every repeat" if (
+        median >= want if a.members == 1 else median <= want) else "not met")
+    print(f"\ngoal: enspipe's {what} {'at least' if a.members == 1 else 'at most'} {want}x the {TV}'s, n = "
+          f"{a.members}: {median:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} repeats): {verdict}")
 
 
 if __name__ == "__main__":
