@@ -152,4 +152,7 @@ RANK: dict[str, str] = {
     "decode_cache": "its view of the node's decode cache: hits and misses per epoch, what it stored and what not "
                     "(kept meanwhile by another decode; no room), the node's bytes, images and distinct samples "
                     "held, its timed decodes (null when off)",
+    "decodes": "its preprocess stage's decodes: the pillow backend's images decoded whole for a crop, by reason "
+               "(decoded_whole; its worker processes' included), the gpu backend's on its device and on the CPU "
+               "(null for the tf backend)",
 }
