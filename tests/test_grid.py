@@ -273,11 +273,18 @@ def test_cells_of_one_n_and_core_limit_share_a_job():
               grid.Cell("alexnet_v2", "auto", 2, 2, "all", "peak", 0)]
     assert grid.cell_jobs({}, cells) == {}  # cells_per_job 1 (the default): every cell alone
     jobs = grid.cell_jobs({"cells_per_job": 3}, cells, {cells[0]: 1})
-    # 8 cells of each n and core limit in jobs of 3, 3 and 2; at n = 1, 1 core, 7 (one is placed per node): 3, 3, 1 alone
-    assert sorted(jobs) == sorted(f"n{n}_c{c}_{i}" for n in (1, 2) for c in ("1", "all") for i in (0, 1, 2)
-                                  if (n, c, i) != (1, "1", 2))
+    # each n and core limit: 4 rounds (2 networks x 2 repeats) of baseline and All-Shared, a job each
+    # (two rounds of 2 do not fit in 3); at n = 1, 1 core, the cell placed per node leaves a round
+    # of 1, which shares its job with the next round
+    assert sorted(jobs) == sorted(f"n{n}_c{c}_{i}" for n in (1, 2) for c in ("1", "all") for i in range(4)
+                                  if (n, c, i) != (1, "1", 3))
+    assert [len(j) for j in (jobs[f"n1_c1_{i}"] for i in range(3))] == [3, 2, 2]
     shared = [c for job in jobs.values() for c in job]
     assert len(shared) == len(set(shared)) and all(len(job) in (2, 3) for job in jobs.values())
     assert all(len({(c.n, c.cores) for c in job}) == 1 for job in jobs.values())
-    alone = set(cells) - set(shared)  # the peer, the planner's, the one placed per node, and a lone remainder
+    alone = set(cells) - set(shared)  # the peer, the planner's and the one placed per node
     assert {c.scheme for c in alone} >= {"tfdata_service", "auto"} and cells[0] in alone
+    # in cells_per_job 10, a comparison's repeats alternate in one job: A B A B
+    jobs = grid.cell_jobs({"cells_per_job": 10}, cells)
+    assert [(c.network, c.scheme, c.rep) for c in jobs["n2_c1_0"]] == [
+        (net, s, rep) for net in ("alexnet_v2", "vgg_a") for rep in (0, 1) for s in ("all_shared", "baseline")]

@@ -119,9 +119,11 @@ def members_per_node(config: dict) -> dict[Cell, int]:
 
 def cell_jobs(config: dict, cells: list[Cell], per_node: dict[Cell, int] | None = None) -> dict[str, list[Cell]]:
     """The MPI jobs that run several cells each (config ``cells_per_job``; 1: every cell alone),
-    by name: the cells of one n and core limit, in name order, at most ``cells_per_job`` a job
-    (``enspipe run-cells``). The planner's cells (``auto``), the tf.data service's and the cells
-    an experiment spreads over nodes its own way run alone, as does a group of one."""
+    by name: the cells of one n and core limit, at most ``cells_per_job`` a job (``enspipe
+    run-cells``), in rounds (:func:`rounds`): the cells a judge compares (one network, consumer
+    and repeat; another scheme or P) run next to each other, repeat after repeat, A B A B, and a
+    job takes whole rounds where they fit. The planner's cells (``auto``), the tf.data service's
+    and the cells an experiment spreads over nodes its own way run alone, as does a group of one."""
     k = int(config.get("cells_per_job", 1))
     groups: dict[tuple[int, str], list[Cell]] = {}
     for c in sorted(cells):
@@ -129,10 +131,27 @@ def cell_jobs(config: dict, cells: list[Cell], per_node: dict[Cell, int] | None 
             groups.setdefault((c.n, c.cores), []).append(c)
     jobs = {}
     for (n, cores), group in groups.items():
-        for i in range(0, len(group), k):
-            if len(group[i:i + k]) > 1:
-                jobs[f"n{n}_c{cores}_{i // k}"] = group[i:i + k]
+        packed: list[list[Cell]] = []
+        for r in rounds(group):
+            if not packed or len(packed[-1]) + len(r) > k:
+                packed.append([])
+            for i in range(0, len(r), k):  # a round larger than a job fills jobs of its own
+                if len(packed[-1]) == k:
+                    packed.append([])
+                packed[-1] += r[i:i + k]
+        for i, job in enumerate(j for j in packed if len(j) > 1):
+            jobs[f"n{n}_c{cores}_{i}"] = job
     return jobs
+
+
+def rounds(cells: list[Cell]) -> list[list[Cell]]:
+    """``cells`` as rounds: the cells of one network, consumer and repeat (those a judge compares
+    with each other: another scheme or P), in scheme and P order; the rounds by network, consumer,
+    then repeat, so that a comparison's repeats alternate (A B A B) close together in time."""
+    out: dict[tuple, list[Cell]] = {}
+    for c in sorted(cells, key=lambda c: (c.network, c.consumer, c.rep, c.scheme, c.p)):
+        out.setdefault((c.network, c.consumer, c.rep), []).append(c)
+    return list(out.values())
 
 
 def cells(config: dict) -> list[Cell]:
