@@ -77,14 +77,24 @@ def test_solo_parallel_finding():
 
 
 def test_peak_order_finding():
-    def peak(as_rate, sb_rate, over=False):
+    def peak(as_rate, sb_rate, over=False, reps=3, sb_reps_from=0):
         common = {"network": "alexnet_v2", "consumer": "peak", "accelerator": "none", "n": 2, "cores": "1",
-                  "oversubscribed": over}
-        return cells(*[common | {"scheme": "all_shared", "p": 2, "images_per_second_per_member": as_rate, "rep": r}
-                       for r in range(3)],
-                     *[common | {"scheme": "single_broadcast", "p": 1, "images_per_second_per_member": sb_rate, "rep": r}
-                       for r in range(3)])
+                  "oversubscribed": over, "batch_size": 48, "image_size": 224}
+        as_rates, sb_rates = (x if isinstance(x, list) else [x] * reps for x in (as_rate, sb_rate))
+        return cells(*[common | {"scheme": "all_shared", "p": 2, "images_per_second_per_member": v, "rep": r}
+                       for r, v in enumerate(as_rates)],
+                     *[common | {"scheme": "single_broadcast", "p": 1, "images_per_second_per_member": v, "rep": r}
+                       for r, v in enumerate(sb_rates, sb_reps_from)])
     assert holds(findings.peak_order_finding, peak(400.0, 210.0)) == YES
+    # the machine's speed drifts 2x over the repeats, each pair alike: the pairs say yes, past the drift
+    drift = peak([400.0, 200.0, 300.0], [380.0, 190.0, 285.0])
+    assert holds(findings.peak_order_finding, drift) == YES
+    assert "1.05x (1.05-1.05) over 3 interleaved pairs" in findings.verdict(findings.peak_order_finding, drift, {})["basis"]
+    # the same rates not run as pairs (other repeats) rest on medians and the repeats' spread: within noise
+    apart = peak([400.0, 200.0, 300.0], [380.0, 190.0, 285.0], sb_reps_from=3)
+    assert holds(findings.peak_order_finding, apart) == findings.WITHIN_NOISE
+    # one pair of three on the other side of 0.95x: the threshold lies inside the pairs' spread
+    assert holds(findings.peak_order_finding, peak([400.0, 380.0, 200.0], 400.0)) == findings.WITHIN_NOISE
     assert holds(findings.peak_order_finding, peak(200.0, 400.0)) == NO
     assert holds(findings.peak_order_finding, peak(400.0, 210.0, over=True)) == UNTESTABLE
     no_broadcast = peak(400.0, 210.0).assign(scheme=lambda d: d["scheme"].replace("single_broadcast", "baseline"))

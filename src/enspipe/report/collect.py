@@ -238,6 +238,19 @@ def ratio_noise(noise: float) -> float:
     return (1 + noise) / (1 - noise) - 1 if noise < 1 else float("inf")
 
 
+PAIR_KEY = ["network", "consumer", "n", "cores", "batch_size", "image_size", "rep"]  # two cells run side by side
+
+
+def paired_ratios(df, col: str, a, b) -> list[float]:
+    """The cells picked by mask ``a`` over those picked by ``b``, on ``col``: one ratio per repeat
+    in which both ran, matched on :data:`PAIR_KEY` (a shared job runs such cells next to each
+    other, repeat after repeat: :func:`enspipe.run.grid.rounds`). Each mask picks one scheme and P."""
+    key = [k for k in PAIR_KEY if k in df]
+    left, right = df[a].set_index(key)[col].rename("a"), df[b].set_index(key)[col].rename("b")
+    joined = left.to_frame().join(right.to_frame(), how="inner").dropna()
+    return [float(x) for x in joined["a"] / joined["b"] if np.isfinite(x)]
+
+
 def repeat_noise(df, clock: str = "process") -> float:
     """The noise of this table's own repeats on ``clock``: over every cell repeated at least 3
     times, the largest repeat's distance from its cell's median CPU per delivered image on that

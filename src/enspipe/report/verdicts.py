@@ -113,6 +113,26 @@ def against(value: float, threshold: float, noise: float, at_least: bool = True)
     return bool(margin > 0 if at_least else margin < 0)
 
 
+MIN_PAIRS = 3  # interleaved pairs a ratio's verdict rests on, at least
+
+
+def against_pairs(ratios: list[float], threshold: float, at_least: bool = True) -> bool | str | None:
+    """Whether a ratio measured as interleaved pairs (:func:`~enspipe.report.collect.paired_ratios`)
+    is above ``threshold`` (below it, ``at_least=False``): True or False where every pair's ratio
+    is on that side or every one on the other, else :data:`WITHIN_NOISE` (the threshold lies
+    inside the pairs' spread); None for fewer than :data:`MIN_PAIRS` pairs (judge otherwise)."""
+    if len(ratios) < MIN_PAIRS:
+        return None
+    passing = [(r > threshold) if at_least else (r < threshold) for r in ratios]
+    return True if all(passing) else (False if not any(passing) else WITHIN_NOISE)
+
+
+def pairs_text(ratios: list[float]) -> str:
+    """A paired ratio as a verdict's basis gives it: median (min-max) over the pairs."""
+    s = sorted(ratios)
+    return f"{s[len(s) // 2]:.2f}x ({s[0]:.2f}-{s[-1]:.2f}) over {len(s)} interleaved pairs"
+
+
 def within(value: float, limit: float, noise: float) -> bool | str:
     """A relative spread or error ``value`` against the most it may be, ``limit``: True or False
     where they are further apart than ``noise`` (an absolute difference of fractions), else
