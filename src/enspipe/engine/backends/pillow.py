@@ -18,7 +18,6 @@ import numpy as np
 
 from enspipe.common import spelling
 from enspipe.data import transforms
-from enspipe.data.decoding import whole_decodes
 from enspipe.data.manifest import DataError
 from enspipe.data.order import NumpyOrder, read_share
 from enspipe.data.parse import resolve
@@ -83,6 +82,8 @@ class PillowEngine:
         self.shape, self.dtype = output_spec(preprocessing, size, wire_dtype)
         dtype = self.dtype
         self.workers = self.pool = None
+        from enspipe.data.decoding import whole_decodes  # brings OpenCV, as the decode itself does
+
         self.user = not isinstance(preprocessing, str)
         self._whole_before = Counter(whole_decodes())  # this process's, before this engine's images
         self.name = f"preprocess {preprocessing.name}" if self.user else f"the {preprocessing} preprocessing"
@@ -192,6 +193,8 @@ class PillowEngine:
         """The images this engine decoded whole for a crop (the region decode could not take them),
         by reason (:func:`enspipe.data.decoding.whole_decodes`): in this process since it started,
         and in its worker processes."""
+        from enspipe.data.decoding import whole_decodes
+
         whole = Counter(whole_decodes()) - self._whole_before
         if self.workers is not None:
             whole += self.workers.whole_decodes
