@@ -317,6 +317,33 @@ def report(runs: dict, rows: list[str], ks: list[int], a) -> None:
             x = f"{np.median(ratio):5.2f} ({min(ratio):.2f}-{max(ratio):.2f})" if len(floor) == len(cpu) else ""
             print(f"{rs[0]['label'][:62]:62s} {k:5d} {np.median(rate):8.0f} ({min(rate):.0f}-{max(rate):.0f})"
                   f" {np.median(cpu):8.2f} ({min(cpu):.2f}-{max(cpu):.2f}) {x}")
+    goals(runs, ks)
+
+
+def _cpu(runs: dict, row: str, k: int) -> list | None:
+    rs = runs.get((row, k), [])
+    return [x["cpu"] / x["images"] for x in rs] if rs and not any("error" in x for x in rs) else None
+
+
+def goals(runs: dict, ks: list[int]) -> None:
+    """Issue 68's goals for `standard`, from ratios paired per repeat: the one-member cell's CPU per
+    image (the function's, without --cell) at most torchvision's and DALI's, and at most 2x the
+    whole decode's."""
+    own = "cell-standard" if ("cell-standard", 1) in runs else "enspipe"
+    for k in ks:
+        mine = _cpu(runs, own, k)
+        if mine is None:
+            print(f"goal ({own}, {k} cores): not judged: it did not run")
+            continue
+        for peer, most in (("torchvision", 1.0), ("dali", 1.0), ("floor-whole", 2.0)):
+            theirs = _cpu(runs, peer, k if peer != "floor-whole" else 1)
+            if theirs is None or len(theirs) != len(mine):
+                print(f"goal ({own}, {k} cores) against {peer}: not judged: {peer} did not run")
+                continue
+            r = sorted(m / t for m, t in zip(mine, theirs))
+            verdict = "met" if r[-1] <= most else ("met at the median" if r[len(r) // 2] <= most else "not met")
+            print(f"goal ({own}, {k} cores): CPU per image at most {most:g}x {peer}'s: {r[len(r) // 2]:.2f}x "
+                  f"({r[0]:.2f}-{r[-1]:.2f}) over {len(r)} repeats: {verdict}")
 
 
 if __name__ == "__main__":
