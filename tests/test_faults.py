@@ -359,17 +359,18 @@ def test_a_lost_peer_is_ended_only_where_it_is_the_same_process_on_this_host():
     nothing where the identity names another host, a reused pid (another start time) or itself."""
     import signal
 
-    from enspipe.common.host import _started, end_process, process_identity
+    from enspipe.common.host import end_process, process_identity, start_ticks
 
     me = process_identity()
-    assert me["pid"] == os.getpid() and me["started"] == _started(os.getpid()) is not None
+    assert me["pid"] == os.getpid() and me["started"] == start_ticks(os.getpid()) is not None
     assert not end_process(me)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     try:
         os.kill(child.pid, signal.SIGSTOP)
-        identity = {**me, "pid": child.pid, "started": _started(child.pid)}
-        assert not end_process({**identity, "host": "another-host"})
-        assert not end_process({**identity, "boot": "another-boot"})
+        identity = {**me, "pid": child.pid, "started": start_ticks(child.pid)}
+        host, boot = me["host"].split("/")
+        assert not end_process({**identity, "host": f"another-host/{boot}"})
+        assert not end_process({**identity, "host": f"{host}/another-boot"})
         assert not end_process({**identity, "started": identity["started"] - 1})  # the pid, reused
         assert child.poll() is None
         assert end_process(identity)

@@ -36,7 +36,12 @@ def launched() -> tuple[int, int] | None:
     return None
 
 
-def _started(pid: int) -> int | None:
+def host_id() -> str:
+    """This host, as MPI's shared-memory split sees it: its name and its kernel's boot."""
+    return f"{socket.gethostname()}/{boot_id()}"
+
+
+def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or None
     where it is gone or cannot be read; with the pid and boot id, it names one process for good."""
     try:
@@ -50,9 +55,9 @@ def _started(pid: int) -> int | None:
 
 def process_identity() -> dict:
     """This process, named so that another on its host can end it, and only it:
-    ``{host, boot, pid, started}``."""
+    ``{host, pid, started}`` (:func:`host_id`, :func:`start_ticks`)."""
     pid = os.getpid()
-    return {"host": socket.gethostname(), "boot": boot_id(), "pid": pid, "started": _started(pid)}
+    return {"host": host_id(), "pid": pid, "started": start_ticks(pid)}
 
 
 def end_process(identity: dict) -> bool:
@@ -60,11 +65,10 @@ def end_process(identity: dict) -> bool:
     is still the same process (its pid not reused: the same start time) and is not this one; True
     where the signal was sent. A stopped process takes no SIGTERM until it is continued; SIGKILL
     ends it at once."""
-    same_host = identity.get("host") == socket.gethostname() and identity.get("boot") == boot_id()
     pid = identity.get("pid")
-    if not same_host or not isinstance(pid, int) or pid == os.getpid() or identity.get("started") is None:
+    if identity.get("host") != host_id() or not isinstance(pid, int) or pid == os.getpid() or identity.get("started") is None:
         return False
-    if _started(pid) != identity["started"]:
+    if start_ticks(pid) != identity["started"]:
         return False
     try:
         os.kill(pid, signal.SIGKILL)

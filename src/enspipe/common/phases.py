@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import time
 
+from enspipe.common.host import start_ticks
+
 _MARKS: list[tuple[str, float]] = []
 
 
@@ -30,8 +32,9 @@ def reset() -> None:
 def process_start() -> float:
     """When this process started (wall clock, to the kernel's clock tick, 10 ms), or now if unknown."""
     try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        ticks = start_ticks(os.getpid())
+        if ticks is None:
+            return time.time()
         with open("/proc/uptime") as f:
             uptime, now = float(f.read().split()[0]), time.time()
         return now - (uptime - ticks / os.sysconf("SC_CLK_TCK"))

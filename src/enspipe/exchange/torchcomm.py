@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from enspipe.common.host import boot_id
+from enspipe.common.host import host_id
 from enspipe.plan.errors import ConfigError
 
 TORCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -257,11 +257,6 @@ def _colours(keyed: list) -> list[tuple[object, list[int]]]:
     """``[(color, key, rank)]`` to each defined colour's ranks ordered by key, colours in order."""
     colours = sorted({c for c, _, _ in keyed if c != UNDEFINED}, key=repr)
     return [(c, [r for _, r in sorted((k, r) for col, k, r in keyed if col == c)]) for c in colours]
-
-
-def host_id() -> str:
-    """This host, as MPI's shared-memory split sees it: its name and its kernel's boot."""
-    return f"{socket.gethostname()}/{boot_id()}"
 
 
 UNDEFINED = "enspipe:undefined-colour"  # MPI.UNDEFINED: a colour that joins no communicator

@@ -33,7 +33,8 @@ from enspipe.common import keys
 from enspipe.exchange import ipc, shm
 from enspipe.exchange.base import Batch, TransportStats
 from enspipe.exchange.engine import BufferRing, assembled, givers_only
-from enspipe.exchange.torchcomm import TIMEOUT, host_id, init_torch
+from enspipe.common.host import host_id
+from enspipe.exchange.torchcomm import TIMEOUT, init_torch
 from enspipe.plan.errors import ConfigError
 
 

@@ -266,10 +266,15 @@ def spread(df, col: str) -> float:
     noise = 0.0
     if len(df) and col in df:
         for _, g in df.dropna(subset=[col]).groupby(key, dropna=False):
-            if len(g) >= 3:
-                v = g[col].to_numpy(float)
-                noise = max(noise, float(np.max(np.abs(v / np.median(v) - 1))))
+            noise = max(noise, relative_spread(g[col].to_numpy(float)))
     return noise
+
+
+def relative_spread(values) -> float:
+    """The largest relative distance of one of ``values`` (a cell's repeats) from their median; 0
+    for fewer than 3."""
+    v = np.asarray(values, float)
+    return float(np.max(np.abs(v / np.median(v) - 1))) if len(v) >= 3 else 0.0
 
 
 def add_reductions(df):

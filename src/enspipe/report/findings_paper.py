@@ -81,6 +81,9 @@ def core_limit_finding(df, t):
                    tuple(cells[cells["network"] == net]["cell"]))
 
 
+SOLO_PARALLEL_MARGIN = 0.10  # Table 1: parallel members within 10% of one alone
+
+
 @finding("Table 1", "Running the members in parallel does not slow them down",
          "solo 1132.3 s (std 1.4) vs 1000 nodes in parallel 1132.2 s (std 2.0), one member per node",
          "parallel members' mean runtime within 10% of one member alone, where they have cores of their own, "
@@ -108,10 +111,6 @@ def solo_parallel_finding(df, t):
     return Verdict(text, holds_all(ok), "judged where members had cores of their own; "
                    + noise_text(max(spreads), "runtimes and images/s"),
                    cells_like(cells, t1, ["network", "cores"]))
-
-
-SOLO_PARALLEL_MARGIN = 0.10  # Table 1: parallel members within 10% of one alone
-
 
 
 # -- Section 6: sharing ---------------------------------------------------------------------------
@@ -163,8 +162,8 @@ def _paired_peaks(cells: pd.DataFrame) -> dict[str, list[float]] | None:
     None where a scheme has fewer than MIN_PAIRS pairs with it (the verdict then rests on medians)."""
     col, shared = "images_per_second_per_member", cells["scheme"] == "all_shared"
     out = {}
-    for (scheme, p), _ in cells[~shared].groupby(["scheme", "p"], dropna=False):
-        other = (cells["scheme"] == scheme) & ((cells["p"] == p) | (cells["p"].isna() & pd.isna(p)))
+    for (scheme, p), group in cells[~shared].groupby(["scheme", "p"], dropna=False):
+        other = cells.index.isin(group.index)
         out[tables.scheme_label(scheme, p)] = ratios = paired_ratios(cells, col, shared, other)
         if len(ratios) < MIN_PAIRS:
             return None

@@ -16,7 +16,7 @@ import pandas as pd
 
 from enspipe.common import keys
 from enspipe.plan.schemes import SCHEME_KINDS
-from enspipe.report.collect import above_ceiling, ceiling_tolerance, flags
+from enspipe.report.collect import above_ceiling, ceiling_tolerance, flags, relative_spread
 
 TRAINING = "consumer != 'peak'"  # cells with an accelerator (emulated or real)
 
@@ -175,7 +175,7 @@ def solo_vs_parallel(df: pd.DataFrame) -> pd.DataFrame:
         for n, cells in g.groupby("n"):
             runs = [[r["seconds"] for r in summary(row)["ranks"]] for _, row in cells.iterrows()]
             times = [t for run in runs for t in run]
-            means = np.array([np.mean(run) for run in runs])
+            means = [np.mean(run) for run in runs]
             hosts = len(set(",".join(cells["hosts"].astype(str)).split(",")))
             rows.append({"network": network, "cores": cores, "consumer": consumer,
                          "run": "solo" if n == 1 else f"parallel (n={n})", "n": n, "hosts": hosts,
@@ -183,9 +183,7 @@ def solo_vs_parallel(df: pd.DataFrame) -> pd.DataFrame:
                          "runs": len(cells), "samples": len(times), "avg": float(np.mean(times)),
                          "std": float(np.std(times, ddof=1)) if len(times) > 1 else 0.0,
                          "min": float(np.min(times)), "max": float(np.max(times)),
-                         # the largest distance of a repeat's mean from their median (0 for fewer than 3)
-                         "repeat_spread": float(np.max(np.abs(means / np.median(means) - 1))) if len(means) >= 3
-                         else 0.0})
+                         "repeat_spread": relative_spread(means)})  # of the repeats' mean runtimes
     cols = ["network", "cores", "consumer", "run", "n", "hosts", "oversubscribed", "runs", "samples", "avg", "std",
             "min", "max", "repeat_spread"]
     return pd.DataFrame(rows, columns=cols)

@@ -76,14 +76,13 @@ class PillowEngine:
 
     def __init__(self, preprocessing: str, size: int, fast_mode: bool, wire_dtype: str, prep_seed: int,
                  threads: int, skip_corrupt: bool, cache=None, fused: bool = False):
+        from enspipe.data.decoding import whole_decodes  # brings OpenCV, as the decode itself does
         from enspipe.data.pixels import output_spec
 
         self.size, self.wire_dtype, self.skip_corrupt, self.cache = size, wire_dtype, skip_corrupt, cache
         self.shape, self.dtype = output_spec(preprocessing, size, wire_dtype)
         dtype = self.dtype
         self.workers = self.pool = None
-        from enspipe.data.decoding import whole_decodes  # brings OpenCV, as the decode itself does
-
         self.user = not isinstance(preprocessing, str)
         self._whole_before = Counter(whole_decodes())  # this process's, before this engine's images
         self.name = f"preprocess {preprocessing.name}" if self.user else f"the {preprocessing} preprocessing"
